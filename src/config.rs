@@ -1,0 +1,162 @@
+//! Validated settings and store selection (SPEC §5, §8).
+//!
+//! Built from what the user typed before any file is touched: names, ttl,
+//! note and pid are checked first, then the root, the personal layer and the
+//! store are resolved. Store precedence: `--store URL`, then
+//! `SKILL_LOCK_STORE`, then `store = "URL"` in `P/skill-lock.toml`, then the
+//! file store in the personal layer.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::layer;
+use crate::root;
+use crate::store::fs::FileStore;
+
+/// Longest note, bytes of UTF-8.
+pub const NOTE_MAX: usize = 1000;
+
+/// Checks a `--note`: UTF-8, at most 1,000 bytes, no control characters but tab.
+///
+/// # Errors
+/// [`Error::InvalidNote`].
+pub fn validate_note(note: &OsString) -> Result<String> {
+    let Some(text) = note.to_str() else {
+        return Err(Error::InvalidNote("it is not valid UTF-8".into()));
+    };
+    if text.len() > NOTE_MAX {
+        return Err(Error::InvalidNote(format!(
+            "it is {} bytes; keep it to at most {NOTE_MAX} bytes",
+            text.len()
+        )));
+    }
+    if text.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(Error::InvalidNote(
+            "it holds control characters (newlines included); only tab is allowed".into(),
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// Checks `--owner-pid`: a process that exists on this host now.
+///
+/// # Errors
+/// [`Error::InvalidPid`].
+pub fn validate_pid(pid: &OsString) -> Result<u32> {
+    let text = pid.to_string_lossy().into_owned();
+    let Ok(n) = text.parse::<u32>() else {
+        return Err(Error::InvalidPid {
+            pid: text,
+            why: "give a positive process id".into(),
+        });
+    };
+    if n == 0 || i32::try_from(n).is_err() {
+        return Err(Error::InvalidPid {
+            pid: text,
+            why: "give a positive process id".into(),
+        });
+    }
+    if crate::liveness::pid_exists(n) == Some(false) {
+        return Err(Error::InvalidPid {
+            pid: text,
+            why: "no such process on this host; pass the pid of the process that owns the run".into(),
+        });
+    }
+    Ok(n)
+}
+
+/// Where the store choice came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreSource {
+    /// `--store`.
+    Flag,
+    /// `SKILL_LOCK_STORE`.
+    Env,
+    /// `P/skill-lock.toml`.
+    ConfigFile,
+    /// The personal layer's file store.
+    Default,
+}
+
+/// The resolved store and what the hint needs to name it again.
+#[derive(Debug, Clone)]
+pub struct StoreChoice {
+    /// The file store to use.
+    pub store: FileStore,
+    /// Where the choice came from.
+    pub source: StoreSource,
+    /// The URL as given (flag, env or config file).
+    pub url: Option<String>,
+    /// The project root, when one was resolved.
+    pub root: Option<PathBuf>,
+}
+
+#[derive(serde::Deserialize)]
+struct ConfigFile {
+    store: Option<String>,
+}
+
+fn from_url(url: &str, cwd: &Path, source: StoreSource, root: Option<PathBuf>) -> Result<StoreChoice> {
+    let Some(dir) = url.strip_prefix("file:") else {
+        if url.starts_with("etcd://") || url.starts_with("etcds://") {
+            return Err(Error::StoreUnavailable(format!(
+                "store {url:?}: this build has no etcd store; use a file store (file:DIR) or the default"
+            )));
+        }
+        return Err(Error::Usage(format!(
+            "unknown store {url:?}: use file:DIR (or leave it unset for the personal layer)"
+        )));
+    };
+    if dir.is_empty() {
+        return Err(Error::Usage("store file: needs a directory, e.g. file:/var/tmp/locks".into()));
+    }
+    let dir = Path::new(dir);
+    let dir = if dir.is_absolute() { dir.to_path_buf() } else { cwd.join(dir) };
+    Ok(StoreChoice {
+        store: FileStore::new(&dir),
+        source,
+        url: Some(url.to_owned()),
+        root,
+    })
+}
+
+/// Resolves the store for this invocation (SPEC §8).
+///
+/// # Errors
+/// [`Error::NoRoot`] when the personal layer is needed and no root is found;
+/// [`Error::Usage`] for an unknown URL or an unreadable config file.
+pub fn choose_store(flag: Option<&OsString>, root_flag: Option<&Path>, cwd: &Path) -> Result<StoreChoice> {
+    let text = |s: &OsString, what: &str| {
+        s.to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| Error::Usage(format!("{what} is not valid UTF-8")))
+    };
+    if let Some(url) = flag {
+        return from_url(&text(url, "--store")?, cwd, StoreSource::Flag, None);
+    }
+    if let Some(url) = std::env::var_os("SKILL_LOCK_STORE").filter(|v| !v.is_empty()) {
+        return from_url(&text(&url, "SKILL_LOCK_STORE")?, cwd, StoreSource::Env, None);
+    }
+    let root = root::discover(root_flag, cwd)?;
+    let layer = layer::resolve(&root)?;
+    let cfg = layer.dir.join("skill-lock.toml");
+    match std::fs::read_to_string(&cfg) {
+        Ok(body) => {
+            let parsed: ConfigFile = toml::from_str(&body).map_err(|e| {
+                Error::Usage(format!("{} is not valid: {e}; fix or remove it", cfg.display()))
+            })?;
+            if let Some(url) = parsed.store {
+                return from_url(&url, &root.clone(), StoreSource::ConfigFile, Some(root));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io("read", cfg, e)),
+    }
+    Ok(StoreChoice {
+        store: FileStore::new(&layer.dir),
+        source: StoreSource::Default,
+        url: None,
+        root: Some(root),
+    })
+}

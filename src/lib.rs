@@ -1,0 +1,57 @@
+//! # skill-lock
+//!
+//! A lease lock per (skill, repository) that batch automation takes before
+//! its write phase, so two overlapping runs never post the same comment twice.
+//! The contract is `SPEC.md`; the argument for its safety is `docs/design.md`.
+//!
+//! - **Lease**: a lock carries an expiry; `renew` extends it; an expired lock
+//!   is taken over by the next acquirer. An optional owner pid on the same
+//!   host (and boot) also makes the lock stale when that process is gone.
+//! - **Token**: `acquire` returns a random token, stored only as its SHA-256;
+//!   renew, release and check with it act only on the acquisition it proves.
+//! - **Guarantees**: mutual exclusion under any interleaving, atomic records,
+//!   crash safety under SIGKILL, and bad input refused before anything changes.
+//! - **Exit codes**: 0 success, 2 error, 3 already running, 4 not yours.
+//!
+//! Using the library from Rust:
+//!
+//! ```
+//! use skill_lock::engine::{self, Acquire, AcquireRequest, Context, Release};
+//! use skill_lock::key::LockKey;
+//! use skill_lock::store::fs::FileStore;
+//!
+//! # fn main() -> Result<(), skill_lock::error::Error> {
+//! let dir = std::env::temp_dir().join(format!("skill-lock-doc-{}", std::process::id()));
+//! let store = FileStore::new(&dir);
+//! let key = LockKey::new("issue-triage", "apache/airflow")?;
+//! let req = AcquireRequest { ttl: 60, note: Some("doc test".into()), owner_pid: None };
+//! let Acquire::Acquired { token, holder, .. } = engine::acquire(&store, &key, &req, &Context::here())? else {
+//!     panic!("a fresh store is free");
+//! };
+//! assert!(holder.fence >= 1);
+//! // A second run finds it held.
+//! let again = engine::acquire(&store, &key, &req, &Context::here())?;
+//! assert!(matches!(again, Acquire::AlreadyRunning { .. }));
+//! // The token releases it.
+//! let done = engine::release(&store, &key, Some(&token), false, &Context::here())?;
+//! assert!(matches!(done, Release::Released { forced: false, .. }));
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod history;
+pub mod key;
+pub mod layer;
+pub mod lease;
+pub mod liveness;
+pub mod output;
+pub mod record;
+pub mod root;
+pub mod store;
+
+pub use cli::run;

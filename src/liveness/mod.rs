@@ -1,0 +1,167 @@
+//! Liveness (SPEC §6): is a record's owner still there?
+//!
+//! Conservative by rule: a pid is judged only on the host, and the boot, that
+//! recorded it; `kill(pid, 0)` failing with ESRCH means dead, EPERM means
+//! alive; a live pid whose start time differs from the recorded one is a
+//! reused pid, so the owner is dead. Anything unknown counts as alive, so a
+//! lock is never taken from a holder that might still be running.
+
+use crate::lease::{BootClock, Now, remaining_ms};
+use crate::record::Holder;
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+use linux as os;
+#[cfg(not(target_os = "linux"))]
+mod fallback;
+#[cfg(not(target_os = "linux"))]
+use fallback as os;
+
+/// Why a lock is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleReason {
+    /// now ≥ expires.
+    Expired,
+    /// The owner pid on this host is gone, reused, or the host rebooted.
+    OwnerDead,
+    /// The record cannot be read or parsed.
+    Corrupt,
+}
+
+impl StaleReason {
+    /// The SPEC spelling.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::OwnerDead => "owner_dead",
+            Self::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// Hostname of this machine (`SKILL_LOCK_HOST` overrides it, for tests of
+/// cross-host behaviour).
+#[must_use]
+pub fn hostname() -> String {
+    if let Some(h) = std::env::var_os("SKILL_LOCK_HOST").and_then(|h| h.into_string().ok())
+        && !h.is_empty()
+    {
+        return h;
+    }
+    os::hostname().unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// The boot-time clock, where the OS has one.
+#[must_use]
+pub fn boot_clock() -> Option<BootClock> {
+    os::boot_clock()
+}
+
+/// Start time of a process (opaque units, comparable on one boot), if known.
+#[must_use]
+pub fn process_start(pid: u32) -> Option<u64> {
+    os::process_start(pid)
+}
+
+/// Does a process with this pid exist on this host? (`None`: cannot tell.)
+#[must_use]
+pub fn pid_exists(pid: u32) -> Option<bool> {
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
+        return Some(false);
+    };
+    if raw <= 0 {
+        return Some(false);
+    }
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(raw, 0) };
+    if rc == 0 {
+        return Some(true);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ESRCH) => Some(false),
+        Some(libc::EPERM) => Some(true),
+        _ => None,
+    }
+}
+
+/// Is the owner pid named by `holder` known to be dead?
+#[must_use]
+pub fn owner_dead(holder: &Holder, host: &str, now: &Now) -> bool {
+    let Some(pid) = holder.owner_pid else {
+        return false;
+    };
+    if holder.host != host {
+        return false;
+    }
+    if let (Some(theirs), Some(ours)) = (holder.boot_id.as_deref(), now.boot.as_ref())
+        && theirs != ours.id
+    {
+        return true;
+    }
+    match pid_exists(pid) {
+        Some(false) => true,
+        Some(true) => match (holder.owner_start, process_start(pid)) {
+            (Some(recorded), Some(current)) => recorded != current,
+            _ => false,
+        },
+        None => false,
+    }
+}
+
+/// The verdict on a readable record.
+#[must_use]
+pub fn judge(holder: &Holder, host: &str, now: &Now) -> Option<StaleReason> {
+    if remaining_ms(holder, now) <= 0 {
+        Some(StaleReason::Expired)
+    } else if owner_dead(holder, host, now) {
+        Some(StaleReason::OwnerDead)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests::sample;
+
+    #[test]
+    fn own_process_is_alive_and_a_reaped_child_is_dead() {
+        let me = std::process::id();
+        assert_eq!(pid_exists(me), Some(true));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(pid_exists(pid), Some(false));
+        let now = Now::read();
+        let mut h = sample(None).holder;
+        h.host = "here".into();
+        h.boot_id = now.boot.as_ref().map(|b| b.id.clone());
+        h.owner_pid = Some(me);
+        h.owner_start = process_start(me);
+        assert!(!owner_dead(&h, "here", &now));
+        assert!(!owner_dead(&h, "elsewhere-pid-not-judged", &now) );
+        h.owner_pid = Some(pid);
+        assert!(owner_dead(&h, "here", &now));
+        assert!(!owner_dead(&h, "other-host", &now));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reused_pid_and_reboot_count_as_dead() {
+        let now = Now::read();
+        let me = std::process::id();
+        let mut h = sample(None).holder;
+        h.host = "here".into();
+        h.owner_pid = Some(me);
+        h.boot_id = now.boot.as_ref().map(|b| b.id.clone());
+        h.owner_start = process_start(me).map(|s| s + 1);
+        assert!(owner_dead(&h, "here", &now), "start time differs: reused pid");
+        h.owner_start = process_start(me);
+        h.boot_id = Some("another-boot".into());
+        assert!(owner_dead(&h, "here", &now), "host rebooted since");
+    }
+}

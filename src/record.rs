@@ -1,0 +1,251 @@
+//! Owner record (SPEC §4): who holds a lock, until when, and the proof of
+//! ownership kept only as a SHA-256 hash.
+//!
+//! [`Holder`] is everything that may be shown; [`OwnerRecord`] adds the token
+//! hash. Because the hash lives only in the outer type, no output can carry
+//! it by accident. Parsing never panics: any bytes that are not a record of a
+//! known format are reported as corrupt.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// Version of the on-disk record layout.
+pub const FORMAT: u32 = 1;
+/// Records larger than this are corrupt by definition (a note is at most 1,000 bytes).
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+
+/// A point in time, whole seconds since the Unix epoch, written as RFC 3339 UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// RFC 3339 UTC to the second, e.g. `2026-12-02T10:00:00Z`.
+    #[must_use]
+    pub fn rfc3339(self) -> String {
+        let fmt = time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
+        );
+        time::OffsetDateTime::from_unix_timestamp(self.0)
+            .ok()
+            .and_then(|t| t.format(&fmt).ok())
+            .unwrap_or_else(|| format!("@{}", self.0))
+    }
+
+    /// Parses RFC 3339 (any offset), dropping fractions of a second.
+    #[must_use]
+    pub fn parse(text: &str) -> Option<Self> {
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+            .ok()
+            .map(|t| Self(t.unix_timestamp()))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.rfc3339())
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.rfc3339())
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::parse(&text).ok_or_else(|| serde::de::Error::custom("not an RFC 3339 time"))
+    }
+}
+
+/// The shown part of an owner record: every field but the token hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Skill that holds the lock.
+    pub skill: String,
+    /// Repository, spelled as the acquirer gave it.
+    pub repo: String,
+    /// When the lock was acquired.
+    pub started: Timestamp,
+    /// When the lease runs out unless renewed.
+    pub expires: Timestamp,
+    /// Time of the last renewal, or null.
+    pub renewed: Option<Timestamp>,
+    /// Lease length in seconds.
+    pub ttl: u64,
+    /// Free text from `--note`.
+    pub note: Option<String>,
+    /// Hostname of the acquirer.
+    pub host: String,
+    /// Process whose death makes the lock stale, if any.
+    pub owner_pid: Option<u32>,
+    /// Fencing number of this acquisition.
+    pub fence: u64,
+    /// Boot id of the acquirer's host (Linux), to detect reboots.
+    pub boot_id: Option<String>,
+    /// Start time of `owner_pid` (clock ticks since boot), to detect pid reuse.
+    pub owner_start: Option<u64>,
+    /// Expiry on the acquirer's boot-time clock (ms), immune to wall-clock steps.
+    pub deadline_boot_ms: Option<u64>,
+    /// Record layout version.
+    pub format: u32,
+}
+
+/// The full record kept with a lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    /// Everything that may be shown.
+    #[serde(flatten)]
+    pub holder: Holder,
+    /// Lowercase hex SHA-256 of the token.
+    pub token_sha256: String,
+}
+
+impl OwnerRecord {
+    /// Serializes the record as one JSON line.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if serialization fails (it cannot for this type).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut v = serde_json::to_vec(self).map_err(|e| Error::Internal(e.to_string()))?;
+        v.push(b'\n');
+        Ok(v)
+    }
+
+    /// Parses a record; `Err` carries why it is corrupt.
+    ///
+    /// # Errors
+    /// A human reason when the bytes are not a record of a known format.
+    pub fn parse(bytes: &[u8]) -> std::result::Result<Self, String> {
+        if bytes.len() > MAX_RECORD_BYTES {
+            return Err(format!("record is {} bytes, more than any record can be", bytes.len()));
+        }
+        let rec: Self = serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
+        if rec.holder.format != FORMAT {
+            return Err(format!("unknown record format {}", rec.holder.format));
+        }
+        if rec.token_sha256.len() != 64 {
+            return Err("record holds no valid token hash".to_owned());
+        }
+        Ok(rec)
+    }
+
+    /// True when `token` is the one this record was acquired with.
+    #[must_use]
+    pub fn token_matches(&self, token: &str) -> bool {
+        let given = hash_token(token);
+        // Compare all bytes regardless of where they differ.
+        given.len() == self.token_sha256.len()
+            && given
+                .bytes()
+                .zip(self.token_sha256.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Lowercase hex SHA-256 of a token.
+#[must_use]
+pub fn hash_token(token: &str) -> String {
+    hex(&Sha256::digest(token.as_bytes()))
+}
+
+/// A fresh token: 128 bits from the OS CSPRNG, lowercase hex.
+///
+/// # Errors
+/// [`Error::Internal`] when the OS refuses randomness.
+pub fn new_token() -> Result<String> {
+    let mut buf = [0u8; 16];
+    getrandom::fill(&mut buf).map_err(|e| Error::Internal(format!("no randomness from the OS: {e}")))?;
+    Ok(hex(&buf))
+}
+
+/// A short random suffix for unique file names.
+#[must_use]
+pub fn random_suffix() -> String {
+    let mut buf = [0u8; 8];
+    if getrandom::fill(&mut buf).is_err() {
+        // Uniqueness still holds by pid and time.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        return format!("{}-{t}", std::process::id());
+    }
+    hex(&buf)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn sample(note: Option<String>) -> OwnerRecord {
+        OwnerRecord {
+            holder: Holder {
+                skill: "issue-triage".into(),
+                repo: "Apache/Airflow".into(),
+                started: Timestamp(1_800_000_000),
+                expires: Timestamp(1_800_007_200),
+                renewed: None,
+                ttl: 7200,
+                note,
+                host: "h".into(),
+                owner_pid: Some(42),
+                fence: 7,
+                boot_id: Some("b".into()),
+                owner_start: Some(99),
+                deadline_boot_ms: Some(5),
+                format: FORMAT,
+            },
+            token_sha256: hash_token("t"),
+        }
+    }
+
+    #[test]
+    fn times_are_rfc3339_utc_seconds() {
+        assert_eq!(Timestamp(1_796_205_600).rfc3339(), "2026-12-02T10:00:00Z");
+        assert_eq!(Timestamp::parse("2026-12-02T11:00:00.7+01:00"), Some(Timestamp(1_796_205_600)));
+    }
+
+    #[test]
+    fn token_is_hashed_and_checked() {
+        let t = new_token().unwrap();
+        assert_eq!(t.len(), 32);
+        assert!(t.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        let mut r = sample(None);
+        r.token_sha256 = hash_token(&t);
+        assert!(r.token_matches(&t));
+        assert!(!r.token_matches("other"));
+        let text = String::from_utf8(r.to_bytes().unwrap()).unwrap();
+        assert!(!text.contains(&t));
+    }
+
+    proptest! {
+        #[test]
+        fn record_round_trips(note in proptest::option::of(".{0,200}"), fence in 0u64.., pid in proptest::option::of(1u32..)) {
+            let mut r = sample(note);
+            r.holder.fence = fence;
+            r.holder.owner_pid = pid;
+            let back = OwnerRecord::parse(&r.to_bytes().unwrap()).unwrap();
+            prop_assert_eq!(back, r);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = OwnerRecord::parse(&bytes);
+        }
+    }
+}
