@@ -62,16 +62,16 @@ struct AcquireArgs {
     #[command(flatten)]
     lock: LockArgs,
     /// Lease in seconds, 1..=2592000.
-    #[arg(long, value_name = "SECS", default_value = "7200")]
+    #[arg(long, allow_hyphen_values = true, value_name = "SECS", default_value = "7200")]
     ttl: OsString,
     /// Free text kept in the record (at most 1,000 bytes, no control characters but tab).
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
     note: Option<OsString>,
     /// A process on this host whose death makes the lock stale.
-    #[arg(long, value_name = "PID")]
+    #[arg(long, allow_hyphen_values = true, value_name = "PID")]
     owner_pid: Option<OsString>,
     /// Keep trying (jittered back-off) for up to SECS seconds before giving up.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     wait: Option<OsString>,
 }
 
@@ -80,10 +80,10 @@ struct RenewArgs {
     #[command(flatten)]
     lock: LockArgs,
     /// New lease in seconds (default: the ttl it was acquired with).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     ttl: Option<OsString>,
     /// Renew only if this token holds the lock.
-    #[arg(long, value_name = "T")]
+    #[arg(long, allow_hyphen_values = true, value_name = "T")]
     token: Option<OsString>,
 }
 
@@ -92,7 +92,7 @@ struct ReleaseArgs {
     #[command(flatten)]
     lock: LockArgs,
     /// Release only if this token holds the lock.
-    #[arg(long, value_name = "T")]
+    #[arg(long, allow_hyphen_values = true, value_name = "T")]
     token: Option<OsString>,
     /// Operator's override: release even when --token does not match.
     #[arg(long)]
@@ -104,7 +104,7 @@ struct CheckArgs {
     #[command(flatten)]
     lock: LockArgs,
     /// The token from acquire.
-    #[arg(long, value_name = "T")]
+    #[arg(long, allow_hyphen_values = true, value_name = "T")]
     token: OsString,
 }
 
@@ -117,7 +117,7 @@ struct HistoryArgs {
     #[arg(long, value_name = "OWNER/NAME", requires = "skill")]
     repo: Option<OsString>,
     /// How many of the newest events to print.
-    #[arg(long, value_name = "N", default_value = "50")]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "50")]
     limit: OsString,
 }
 

@@ -1,0 +1,191 @@
+//! A small harness shared by the integration tests: a temporary directory,
+//! real git/svn-like fixtures, and the real binary run with a cleared
+//! environment, its one JSON object decoded.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub use serde_json::Value;
+
+/// Path of the binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
+
+/// A temporary world for one test.
+pub struct TestEnv {
+    _dir: tempfile::TempDir,
+    pub root: PathBuf,
+}
+
+impl TestEnv {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical tempdir");
+        Self { _dir: dir, root }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// A real git repository made by `git init` (the tool itself never runs git).
+    pub fn git_repo(&self, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        std::fs::create_dir_all(&dir).unwrap();
+        git(&dir, &["init", "-q", "-b", "main"]);
+        git(&dir, &["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init"]);
+        dir
+    }
+
+    /// A linked worktree of `repo` at `rel`.
+    pub fn worktree(&self, repo: &Path, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        git(repo, &["worktree", "add", "-q", "-b", rel, dir.to_str().unwrap()]);
+        dir
+    }
+
+    /// A folder that looks like an svn checkout.
+    pub fn svn_dir(&self, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        std::fs::create_dir_all(dir.join(".svn")).unwrap();
+        dir
+    }
+
+    pub fn dir(&self, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// The binary, to be run in `cwd`.
+    pub fn cmd(&self, cwd: &Path) -> Cmd {
+        Cmd::new(cwd)
+    }
+}
+
+pub fn git(dir: &Path, args: &[&str]) {
+    let st = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("git runs");
+    assert!(st.success(), "git {args:?} failed");
+}
+
+/// One invocation of the binary, built fluently.
+pub struct Cmd {
+    inner: Command,
+}
+
+impl Cmd {
+    pub fn new(cwd: &Path) -> Self {
+        let mut inner = Command::new(BIN);
+        inner.current_dir(cwd).env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            inner.env("PATH", path);
+        }
+        Self { inner }
+    }
+
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
+        self.inner.arg(a);
+        self
+    }
+
+    pub fn args<I, S>(mut self, a: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.inner.args(a);
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: impl AsRef<OsStr>) -> Self {
+        self.inner.env(k, v);
+        self
+    }
+
+    pub fn command(self) -> Command {
+        self.inner
+    }
+
+    pub fn run(mut self) -> Out {
+        let out = self.inner.stdin(Stdio::null()).output().expect("binary runs");
+        Out::from(out)
+    }
+}
+
+/// What one invocation printed.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub json: Value,
+}
+
+impl From<std::process::Output> for Out {
+    fn from(out: std::process::Output) -> Self {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let json = if stdout.ends_with('\n') && stdout.matches('\n').count() == 1 {
+            serde_json::from_str(&stdout).unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        Self {
+            code: out.status.code().unwrap_or(-1),
+            stdout,
+            stderr,
+            json,
+        }
+    }
+}
+
+impl Out {
+    /// Asserts the exit status and the `result`, and returns the JSON.
+    #[track_caller]
+    pub fn expect(&self, code: i32, result: &str) -> &Value {
+        assert_eq!(
+            (self.code, self.json["result"].as_str()),
+            (code, Some(result)),
+            "stdout: {}\nstderr: {}",
+            self.stdout,
+            self.stderr
+        );
+        &self.json
+    }
+
+    /// Asserts an error object with this code and exit status 2.
+    #[track_caller]
+    pub fn expect_error(&self, code: &str) -> &Value {
+        let v = self.expect(2, "error");
+        assert_eq!(v["error"], code, "{}", self.stdout);
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+        v
+    }
+}
+
+/// Every file and directory below `dir`, relative, sorted.
+pub fn tree(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, d: &Path, out: &mut Vec<String>) {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    walk(base, &p, out);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
