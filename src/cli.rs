@@ -109,6 +109,24 @@ struct CheckArgs {
 }
 
 #[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Lease in seconds, 1..=2592000; renewed every ttl/3 while CMD runs.
+    #[arg(long, allow_hyphen_values = true, value_name = "SECS", default_value = "7200")]
+    ttl: OsString,
+    /// Free text kept in the record.
+    #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
+    note: Option<OsString>,
+    /// Keep trying for up to SECS seconds before giving up.
+    #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
+    wait: Option<OsString>,
+    /// The command to run while holding the lock.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    cmd: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
 struct HistoryArgs {
     /// Only this skill's events (needs --repo).
     #[arg(requires = "repo")]
@@ -135,6 +153,8 @@ enum Command {
     List,
     /// Exit 0 only if the token holds a live lease (read-only); call before each post.
     Check(CheckArgs),
+    /// Run CMD while holding the lock (renewed, released at the end); JSON on stderr.
+    Run(RunArgs),
     /// Show the newest lock events, oldest first (read-only).
     History(HistoryArgs),
 }
@@ -160,6 +180,15 @@ fn key_of(args: &LockArgs) -> Result<LockKey> {
 
 fn ttl_of(v: &OsString) -> Result<u64> {
     lease::parse_ttl(&v.to_string_lossy())
+}
+
+fn wait_of(w: &OsString) -> Result<Duration> {
+    let text = w.to_string_lossy();
+    text.parse::<u64>()
+        .ok()
+        .filter(|&s| s <= lease::MAX_TTL)
+        .map(Duration::from_secs)
+        .ok_or_else(|| Error::Usage(format!("--wait {text:?}: give whole seconds, 0 to 2592000")))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -241,6 +270,29 @@ fn acquire_waiting(
     }
 }
 
+fn acquire_report(outcome: Acquire, key: &LockKey, choice: &StoreChoice) -> Report {
+    let base = about(key, &choice.store);
+    match outcome {
+        Acquire::Acquired { token, holder, took_over } => Report {
+            token: Some(token),
+            started: Some(holder.started),
+            expires: Some(holder.expires),
+            ttl: Some(holder.ttl),
+            note: Some(holder.note.clone()),
+            owner_pid: Some(holder.owner_pid),
+            fence: Some(holder.fence),
+            took_over: Some(took_over.as_ref().map(TookOverJson::from)),
+            ..with("acquired", 0, base)
+        },
+        Acquire::AlreadyRunning { holder, expires_in } => Report {
+            holder: Some(Some(holder)),
+            expires_in: Some(Some(expires_in)),
+            hint: Some(hint(key, choice)),
+            ..with("already_running", 3, base)
+        },
+    }
+}
+
 fn holder_state(state: &State) -> (&'static str, Option<&'static str>) {
     match state {
         State::Held { .. } => ("held", None),
@@ -259,39 +311,34 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
                 note: a.note.as_ref().map(config::validate_note).transpose()?,
                 owner_pid: a.owner_pid.as_ref().map(config::validate_pid).transpose()?,
             };
-            let wait = a
-                .wait
-                .as_ref()
-                .map(|w| {
-                    let text = w.to_string_lossy();
-                    text.parse::<u64>()
-                        .ok()
-                        .filter(|&s| s <= lease::MAX_TTL)
-                        .map(Duration::from_secs)
-                        .ok_or_else(|| Error::Usage(format!("--wait {text:?}: give whole seconds, 0 to 2592000")))
-                })
-                .transpose()?;
+            let wait = a.wait.as_ref().map(wait_of).transpose()?;
+            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
+            Ok(acquire_report(acquire_waiting(&choice.store, &key, &req, wait)?, &key, &choice))
+        }
+        Command::Run(a) => {
+            let key = key_of(&a.lock)?;
+            let ttl = ttl_of(&a.ttl)?;
+            let req = AcquireRequest {
+                ttl,
+                note: a.note.as_ref().map(config::validate_note).transpose()?,
+                owner_pid: Some(std::process::id()),
+            };
+            let wait = a.wait.as_ref().map(wait_of).transpose()?;
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
             let store = &choice.store;
-            let base = about(&key, store);
-            Ok(match acquire_waiting(store, &key, &req, wait)? {
-                Acquire::Acquired { token, holder, took_over } => Report {
-                    token: Some(token),
-                    started: Some(holder.started),
-                    expires: Some(holder.expires),
-                    ttl: Some(holder.ttl),
-                    note: Some(holder.note.clone()),
-                    owner_pid: Some(holder.owner_pid),
-                    fence: Some(holder.fence),
-                    took_over: Some(took_over.as_ref().map(TookOverJson::from)),
-                    ..with("acquired", 0, base)
-                },
-                Acquire::AlreadyRunning { holder, expires_in } => Report {
-                    holder: Some(Some(holder)),
-                    expires_in: Some(Some(expires_in)),
-                    hint: Some(hint(&key, &choice)),
-                    ..with("already_running", 3, base)
-                },
+            let outcome = acquire_waiting(store, &key, &req, wait)?;
+            let Acquire::Acquired { token, holder, .. } = &outcome else {
+                return Ok(acquire_report(outcome, &key, &choice));
+            };
+            let ran = crate::run::supervise(store, &key, token, holder.fence, ttl, &a.cmd)?;
+            Ok(Report {
+                fence: Some(holder.fence),
+                exit_status: Some(ran.exit_status),
+                signal: Some(ran.signal),
+                lost: Some(ran.lost),
+                renewals: Some(ran.renewals),
+                released: Some(ran.released),
+                ..with("ran", ran.exit_status, about(&key, store))
             })
         }
         Command::Renew(a) => {
@@ -488,7 +535,12 @@ where
             return report.exit;
         }
     };
+    let to_stderr = matches!(cli.command, Command::Run(_));
+    if to_stderr {
+        crate::run::prepare();
+    }
     let skill_repo = match &cli.command {
+        Command::Run(a) => Some(&a.lock),
         Command::Acquire(a) => Some(&a.lock),
         Command::Renew(a) => Some(&a.lock),
         Command::Release(a) => Some(&a.lock),
@@ -508,7 +560,7 @@ where
             r
         }
     };
-    report.emit(false);
+    report.emit(to_stderr);
     report.exit
 }
 

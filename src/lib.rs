@@ -52,6 +52,7 @@ pub mod liveness;
 pub mod output;
 pub mod record;
 pub mod root;
+pub mod run;
 pub mod store;
 
 pub use cli::run;

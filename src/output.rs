@@ -7,7 +7,7 @@
 //! Results: `acquired`, `already_running` (acquire, run); `renewed`,
 //! `not_owner`, `not_held` (renew); `released`, `not_held`, `refused`
 //! (release); `status`; `list`; `held`, `not_owner`, `not_held`, `expired`
-//! (check); `history`; `error`. Exit statuses come from [`Report::exit`].
+//! (check); `history`; `ran` (run, on stderr); `error`. Exit statuses come from [`Report::exit`].
 
 use std::io::Write;
 
@@ -134,6 +134,21 @@ pub struct Report {
     /// Leftovers of takeovers seen (list).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tombstones: Option<usize>,
+    /// Status `run` exits with (CMD's, or 128+signal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<u8>,
+    /// Signal that ended CMD, or null.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<Option<i32>>,
+    /// A renewal found the lease lost while CMD ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<bool>,
+    /// Renewals made while CMD ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renewals: Option<u64>,
+    /// The lock was released when CMD ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released: Option<bool>,
     /// History events, oldest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<Event>>,
