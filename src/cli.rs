@@ -62,7 +62,12 @@ struct AcquireArgs {
     #[command(flatten)]
     lock: LockArgs,
     /// Lease in seconds, 1..=2592000.
-    #[arg(long, allow_hyphen_values = true, value_name = "SECS", default_value = "7200")]
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        value_name = "SECS",
+        default_value = "7200"
+    )]
     ttl: OsString,
     /// Free text kept in the record (at most 1,000 bytes, no control characters but tab).
     #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
@@ -113,7 +118,12 @@ struct RunArgs {
     #[command(flatten)]
     lock: LockArgs,
     /// Lease in seconds, 1..=2592000; renewed every ttl/3 while CMD runs.
-    #[arg(long, allow_hyphen_values = true, value_name = "SECS", default_value = "7200")]
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        value_name = "SECS",
+        default_value = "7200"
+    )]
     ttl: OsString,
     /// Free text kept in the record.
     #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
@@ -135,7 +145,12 @@ struct HistoryArgs {
     #[arg(long, value_name = "OWNER/NAME", requires = "skill")]
     repo: Option<OsString>,
     /// How many of the newest events to print.
-    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "50")]
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        value_name = "N",
+        default_value = "50"
+    )]
     limit: OsString,
 }
 
@@ -192,7 +207,10 @@ fn wait_of(w: &OsString) -> Result<Duration> {
 }
 
 fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,".contains(&b)) {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,".contains(&b))
+    {
         s.to_owned()
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
@@ -211,7 +229,10 @@ fn hint(key: &LockKey, choice: &StoreChoice) -> String {
             line.push_str(&format!(" --store {}", shell_quote(url)));
         }
         (_, _, Some(root)) => {
-            line.push_str(&format!(" --root {}", shell_quote(&root.display().to_string())));
+            line.push_str(&format!(
+                " --root {}",
+                shell_quote(&root.display().to_string())
+            ));
         }
         _ => {}
     }
@@ -228,7 +249,11 @@ fn about(key: &LockKey, store: &impl Store) -> Report {
 }
 
 fn with(result: &'static str, exit: u8, base: Report) -> Report {
-    Report { result, exit, ..base }
+    Report {
+        result,
+        exit,
+        ..base
+    }
 }
 
 /// Sleeps between attempts of `--wait`: doubling from 10 ms to 250 ms, each
@@ -236,7 +261,11 @@ fn with(result: &'static str, exit: u8, base: Report) -> Report {
 fn backoff(attempt: u32, lease_left_ms: Option<i64>, deadline: Instant) -> Duration {
     let base = 10u64.saturating_mul(1 << attempt.min(5)).min(250);
     let mut r = [0u8; 2];
-    let jitter = if getrandom::fill(&mut r).is_ok() { u64::from(u16::from_le_bytes(r)) % (base / 2 + 1) } else { base / 4 };
+    let jitter = if getrandom::fill(&mut r).is_ok() {
+        u64::from(u16::from_le_bytes(r)) % (base / 2 + 1)
+    } else {
+        base / 4
+    };
     let mut ms = base / 2 + jitter;
     if let Some(left) = lease_left_ms {
         ms = ms.min(u64::try_from(left.max(0)).unwrap_or(0) + 1);
@@ -273,7 +302,11 @@ fn acquire_waiting(
 fn acquire_report(outcome: Acquire, key: &LockKey, choice: &StoreChoice) -> Report {
     let base = about(key, &choice.store);
     match outcome {
-        Acquire::Acquired { token, holder, took_over } => Report {
+        Acquire::Acquired {
+            token,
+            holder,
+            took_over,
+        } => Report {
             token: Some(token),
             started: Some(holder.started),
             expires: Some(holder.expires),
@@ -313,7 +346,11 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
             };
             let wait = a.wait.as_ref().map(wait_of).transpose()?;
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            Ok(acquire_report(acquire_waiting(&choice.store, &key, &req, wait)?, &key, &choice))
+            Ok(acquire_report(
+                acquire_waiting(&choice.store, &key, &req, wait)?,
+                &key,
+                &choice,
+            ))
         }
         Command::Run(a) => {
             let key = key_of(&a.lock)?;
@@ -349,26 +386,31 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
             let store = &choice.store;
             let base = about(&key, store);
             let ctx = Context::here();
-            Ok(match engine::renew(store, &key, token.as_deref(), ttl, &ctx)? {
-                Renew::Renewed { holder, was_expired } => Report {
-                    expires: Some(holder.expires),
-                    renewed: holder.renewed,
-                    ttl: Some(holder.ttl),
-                    fence: Some(holder.fence),
-                    was_expired: Some(was_expired),
-                    expires_in: Some(Some(lease::expires_in(&holder, &ctx.now))),
-                    ..with("renewed", 0, base)
+            Ok(
+                match engine::renew(store, &key, token.as_deref(), ttl, &ctx)? {
+                    Renew::Renewed {
+                        holder,
+                        was_expired,
+                    } => Report {
+                        expires: Some(holder.expires),
+                        renewed: holder.renewed,
+                        ttl: Some(holder.ttl),
+                        fence: Some(holder.fence),
+                        was_expired: Some(was_expired),
+                        expires_in: Some(Some(lease::expires_in(&holder, &ctx.now))),
+                        ..with("renewed", 0, base)
+                    },
+                    Renew::NotOwner { holder } => Report {
+                        expires_in: Some(Some(lease::expires_in(&holder, &ctx.now))),
+                        holder: Some(Some(holder)),
+                        ..with("not_owner", 4, base)
+                    },
+                    Renew::NotHeld { corrupt } => Report {
+                        stale_reason: corrupt.then_some("corrupt"),
+                        ..with("not_held", 4, base)
+                    },
                 },
-                Renew::NotOwner { holder } => Report {
-                    expires_in: Some(Some(lease::expires_in(&holder, &ctx.now))),
-                    holder: Some(Some(holder)),
-                    ..with("not_owner", 4, base)
-                },
-                Renew::NotHeld { corrupt } => Report {
-                    stale_reason: corrupt.then_some("corrupt"),
-                    ..with("not_held", 4, base)
-                },
-            })
+            )
         }
         Command::Release(a) => {
             let key = key_of(&a.lock)?;
@@ -377,18 +419,20 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
             let store = &choice.store;
             let base = about(&key, store);
             let ctx = Context::here();
-            Ok(match engine::release(store, &key, token.as_deref(), a.force, &ctx)? {
-                Release::Released { holder, forced } => Report {
-                    holder: Some(holder),
-                    forced: Some(forced),
-                    ..with("released", 0, base)
+            Ok(
+                match engine::release(store, &key, token.as_deref(), a.force, &ctx)? {
+                    Release::Released { holder, forced } => Report {
+                        holder: Some(holder),
+                        forced: Some(forced),
+                        ..with("released", 0, base)
+                    },
+                    Release::NotHeld => with("not_held", 0, base),
+                    Release::Refused { holder } => Report {
+                        holder: Some(holder),
+                        ..with("refused", 4, base)
+                    },
                 },
-                Release::NotHeld => with("not_held", 0, base),
-                Release::Refused { holder } => Report {
-                    holder: Some(holder),
-                    ..with("refused", 4, base)
-                },
-            })
+            )
         }
         Command::Status(a) => {
             let key = key_of(a)?;
@@ -399,7 +443,9 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
             let (name, reason) = holder_state(&state);
             let (holder, expires_in) = match state {
                 State::Held { holder, expires_in } => (Some(Some(holder)), Some(Some(expires_in))),
-                State::Stale { holder, expires_in, .. } => (Some(holder), Some(expires_in)),
+                State::Stale {
+                    holder, expires_in, ..
+                } => (Some(holder), Some(expires_in)),
                 State::Free => (None, None),
             };
             Ok(Report {
@@ -424,7 +470,9 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
                     let (name, reason) = holder_state(&state);
                     let (holder, expires_in) = match state {
                         State::Held { holder, expires_in } => (Some(holder), Some(expires_in)),
-                        State::Stale { holder, expires_in, .. } => (holder, expires_in),
+                        State::Stale {
+                            holder, expires_in, ..
+                        } => (holder, expires_in),
                         State::Free => return None,
                     };
                     Some(ListEntry {
@@ -439,7 +487,8 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
                 })
                 .collect();
             locks.sort_by(|a, b| {
-                (&a.skill, a.repo.to_ascii_lowercase()).cmp(&(&b.skill, b.repo.to_ascii_lowercase()))
+                (&a.skill, a.repo.to_ascii_lowercase())
+                    .cmp(&(&b.skill, b.repo.to_ascii_lowercase()))
             });
             Ok(Report {
                 store: Some(store.describe()),
@@ -454,25 +503,27 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
             let store = &choice.store;
             let base = about(&key, store);
-            Ok(match engine::check(store, &key, &token, &Context::here())? {
-                Check::Held { holder, expires_in } => Report {
-                    fence: Some(holder.fence),
-                    expires: Some(holder.expires),
-                    expires_in: Some(Some(expires_in)),
-                    ..with("held", 0, base)
+            Ok(
+                match engine::check(store, &key, &token, &Context::here())? {
+                    Check::Held { holder, expires_in } => Report {
+                        fence: Some(holder.fence),
+                        expires: Some(holder.expires),
+                        expires_in: Some(Some(expires_in)),
+                        ..with("held", 0, base)
+                    },
+                    Check::NotOwner { holder } => Report {
+                        holder: Some(holder),
+                        ..with("not_owner", 4, base)
+                    },
+                    Check::NotHeld => with("not_held", 4, base),
+                    Check::Expired { reason, holder } => Report {
+                        stale_reason: Some(reason.as_str()),
+                        fence: Some(holder.fence),
+                        expires: Some(holder.expires),
+                        ..with("expired", 4, base)
+                    },
                 },
-                Check::NotOwner { holder } => Report {
-                    holder: Some(holder),
-                    ..with("not_owner", 4, base)
-                },
-                Check::NotHeld => with("not_held", 4, base),
-                Check::Expired { reason, holder } => Report {
-                    stale_reason: Some(reason.as_str()),
-                    fence: Some(holder.fence),
-                    expires: Some(holder.expires),
-                    ..with("expired", 4, base)
-                },
-            })
+            )
         }
         Command::History(a) => {
             let key = match (&a.skill, &a.repo) {
@@ -482,11 +533,10 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
                 })?),
                 _ => None,
             };
-            let limit = a
-                .limit
-                .to_string_lossy()
-                .parse::<usize>()
-                .map_err(|_| Error::Usage(format!("--limit {:?}: give a whole number", a.limit)))?;
+            let limit =
+                a.limit.to_string_lossy().parse::<usize>().map_err(|_| {
+                    Error::Usage(format!("--limit {:?}: give a whole number", a.limit))
+                })?;
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
             let store = &choice.store;
             let base = match &key {
@@ -520,7 +570,11 @@ where
                 return 0;
             }
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("bad arguments")
+                .trim_start_matches("error: ");
             let err = Error::Usage(format!("{first}; run 'skill-lock --help' for usage"));
             let report = Report::error(&err);
             report.emit(false);
@@ -548,7 +602,12 @@ where
         Command::Check(a) => Some(&a.lock),
         Command::List | Command::History(_) => None,
     }
-    .map(|l| (l.skill.to_string_lossy().into_owned(), l.repo.to_string_lossy().into_owned()));
+    .map(|l| {
+        (
+            l.skill.to_string_lossy().into_owned(),
+            l.repo.to_string_lossy().into_owned(),
+        )
+    });
     let report = match execute(cli, &cwd) {
         Ok(r) => r,
         Err(err) => {
@@ -575,7 +634,10 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(60);
         for attempt in 0..20 {
             let d = backoff(attempt, None, far);
-            assert!(d >= Duration::from_millis(5) && d <= Duration::from_millis(250), "{d:?}");
+            assert!(
+                d >= Duration::from_millis(5) && d <= Duration::from_millis(250),
+                "{d:?}"
+            );
         }
         assert!(backoff(9, Some(3), far) <= Duration::from_millis(4));
         assert_eq!(backoff(9, None, Instant::now()), Duration::ZERO);

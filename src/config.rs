@@ -60,7 +60,8 @@ pub fn validate_pid(pid: &OsString) -> Result<u32> {
     if crate::liveness::pid_exists(n) == Some(false) {
         return Err(Error::InvalidPid {
             pid: text,
-            why: "no such process on this host; pass the pid of the process that owns the run".into(),
+            why: "no such process on this host; pass the pid of the process that owns the run"
+                .into(),
         });
     }
     Ok(n)
@@ -97,7 +98,12 @@ struct ConfigFile {
     store: Option<String>,
 }
 
-fn from_url(url: &str, cwd: &Path, source: StoreSource, root: Option<PathBuf>) -> Result<StoreChoice> {
+fn from_url(
+    url: &str,
+    cwd: &Path,
+    source: StoreSource,
+    root: Option<PathBuf>,
+) -> Result<StoreChoice> {
     let Some(dir) = url.strip_prefix("file:") else {
         if url.starts_with("etcd://") || url.starts_with("etcds://") {
             return Err(Error::StoreUnavailable(format!(
@@ -109,10 +115,16 @@ fn from_url(url: &str, cwd: &Path, source: StoreSource, root: Option<PathBuf>) -
         )));
     };
     if dir.is_empty() {
-        return Err(Error::Usage("store file: needs a directory, e.g. file:/var/tmp/locks".into()));
+        return Err(Error::Usage(
+            "store file: needs a directory, e.g. file:/var/tmp/locks".into(),
+        ));
     }
     let dir = Path::new(dir);
-    let dir = if dir.is_absolute() { dir.to_path_buf() } else { cwd.join(dir) };
+    let dir = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        cwd.join(dir)
+    };
     Ok(StoreChoice {
         store: FileStore::new(&dir),
         source,
@@ -126,7 +138,11 @@ fn from_url(url: &str, cwd: &Path, source: StoreSource, root: Option<PathBuf>) -
 /// # Errors
 /// [`Error::NoRoot`] when the personal layer is needed and no root is found;
 /// [`Error::Usage`] for an unknown URL or an unreadable config file.
-pub fn choose_store(flag: Option<&OsString>, root_flag: Option<&Path>, cwd: &Path) -> Result<StoreChoice> {
+pub fn choose_store(
+    flag: Option<&OsString>,
+    root_flag: Option<&Path>,
+    cwd: &Path,
+) -> Result<StoreChoice> {
     let text = |s: &OsString, what: &str| {
         s.to_str()
             .map(str::to_owned)
@@ -136,7 +152,12 @@ pub fn choose_store(flag: Option<&OsString>, root_flag: Option<&Path>, cwd: &Pat
         return from_url(&text(url, "--store")?, cwd, StoreSource::Flag, None);
     }
     if let Some(url) = std::env::var_os("SKILL_LOCK_STORE").filter(|v| !v.is_empty()) {
-        return from_url(&text(&url, "SKILL_LOCK_STORE")?, cwd, StoreSource::Env, None);
+        return from_url(
+            &text(&url, "SKILL_LOCK_STORE")?,
+            cwd,
+            StoreSource::Env,
+            None,
+        );
     }
     let root = root::discover(root_flag, cwd)?;
     let layer = layer::resolve(&root)?;
@@ -144,7 +165,10 @@ pub fn choose_store(flag: Option<&OsString>, root_flag: Option<&Path>, cwd: &Pat
     match std::fs::read_to_string(&cfg) {
         Ok(body) => {
             let parsed: ConfigFile = toml::from_str(&body).map_err(|e| {
-                Error::Usage(format!("{} is not valid: {e}; fix or remove it", cfg.display()))
+                Error::Usage(format!(
+                    "{} is not valid: {e}; fix or remove it",
+                    cfg.display()
+                ))
             })?;
             if let Some(url) = parsed.store {
                 return from_url(&url, &root.clone(), StoreSource::ConfigFile, Some(root));

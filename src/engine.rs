@@ -55,6 +55,8 @@ pub struct TookOver {
 }
 
 /// The outcome of [`acquire`].
+// One value per command: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquire {
     /// The lock is ours.
@@ -207,7 +209,12 @@ fn event(kind: EventKind, key: &LockKey, ctx: &Context, holder: Option<&Holder>)
 ///
 /// # Errors
 /// Store I/O failure.
-pub fn acquire<S: Store>(store: &S, key: &LockKey, req: &AcquireRequest, ctx: &Context) -> Result<Acquire> {
+pub fn acquire<S: Store>(
+    store: &S,
+    key: &LockKey,
+    req: &AcquireRequest,
+    ctx: &Context,
+) -> Result<Acquire> {
     let token = new_token()?;
     let term = lease::term(&ctx.now, req.ttl);
     let record = OwnerRecord {
@@ -249,7 +256,10 @@ pub fn acquire<S: Store>(store: &S, key: &LockKey, req: &AcquireRequest, ctx: &C
             },
             State::Stale { reason, holder, .. } => Decision {
                 change: Change::Takeover(record.clone()),
-                events: vec![took_over_event(reason, holder.as_ref()), acquired_event.clone()],
+                events: vec![
+                    took_over_event(reason, holder.as_ref()),
+                    acquired_event.clone(),
+                ],
                 value: Ok(Some(TookOver { reason, holder })),
             },
         })
@@ -262,7 +272,9 @@ pub fn acquire<S: Store>(store: &S, key: &LockKey, req: &AcquireRequest, ctx: &C
         },
         (Err((holder, expires_in)), _) => Acquire::AlreadyRunning { holder, expires_in },
         (Ok(_), None) => {
-            return Err(crate::error::Error::Internal("acquire committed without a record".into()));
+            return Err(crate::error::Error::Internal(
+                "acquire committed without a record".into(),
+            ));
         }
     })
 }
@@ -362,7 +374,11 @@ pub fn release<S: Store>(
             });
         }
         let forced = force && !(token.is_some() && matches);
-        let kind = if forced { EventKind::ForcedRelease } else { EventKind::Released };
+        let kind = if forced {
+            EventKind::ForcedRelease
+        } else {
+            EventKind::Released
+        };
         let mut ev = event(kind, key, ctx, shown.as_ref());
         ev.previous.clone_from(&shown);
         if holder.is_none() {
@@ -371,7 +387,10 @@ pub fn release<S: Store>(
         Ok(Decision {
             change: Change::Delete,
             events: vec![ev],
-            value: Release::Released { holder: shown, forced },
+            value: Release::Released {
+                holder: shown,
+                forced,
+            },
         })
     })?;
     Ok(committed.value)
@@ -397,7 +416,9 @@ pub fn check<S: Store>(store: &S, key: &LockKey, token: &str, ctx: &Context) -> 
         (Current::Held(rec), _) if !rec.token_matches(token) => Check::NotOwner {
             holder: Some(rec.holder.clone()),
         },
-        (Current::Held(_), State::Held { holder, expires_in }) => Check::Held { holder, expires_in },
+        (Current::Held(_), State::Held { holder, expires_in }) => {
+            Check::Held { holder, expires_in }
+        }
         (Current::Held(rec), State::Stale { reason, .. }) => Check::Expired {
             reason,
             holder: rec.holder.clone(),

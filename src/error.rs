@@ -14,7 +14,9 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
     /// The skill name breaks a rule of SPEC §5.
-    #[error("invalid skill {skill:?}: {why}; use 1-64 of [A-Za-z0-9._-], starting with a letter or digit")]
+    #[error(
+        "invalid skill {skill:?}: {why}; use 1-64 of [A-Za-z0-9._-], starting with a letter or digit"
+    )]
     InvalidSkill {
         /// The skill as given.
         skill: String,

@@ -104,7 +104,9 @@ impl FileHistory {
     /// The history kept in directory `dir` (the store's `run/`).
     #[must_use]
     pub fn new(dir: &Path) -> Self {
-        Self { dir: dir.to_path_buf() }
+        Self {
+            dir: dir.to_path_buf(),
+        }
     }
 
     fn current(&self) -> PathBuf {
@@ -145,8 +147,12 @@ impl FileHistory {
         guard.lock().map_err(|e| Error::io("lock", &gpath, e))?;
         // The guard file holds the number of lines in the current file.
         let mut buf = [0u8; 20];
-        let n = guard.read_at(&mut buf, 0).map_err(|e| Error::io("read", &gpath, e))?;
-        let counted = std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.trim().parse::<u64>().ok());
+        let n = guard
+            .read_at(&mut buf, 0)
+            .map_err(|e| Error::io("read", &gpath, e))?;
+        let counted = std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
         let mut count = match counted {
             Some(c) => c,
             None => count_lines(&self.current())?,
@@ -171,7 +177,8 @@ impl FileHistory {
             .mode(0o600)
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
-        f.write_all(&text).map_err(|e| Error::io("append to", &path, e))?;
+        f.write_all(&text)
+            .map_err(|e| Error::io("append to", &path, e))?;
         count += events.len() as u64;
         guard
             .write_all_at(format!("{count:<20}").as_bytes(), 0)
@@ -224,7 +231,8 @@ fn count_lines(path: &Path) -> Result<u64> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(Error::io("open", path, e)),
     };
-    f.seek(SeekFrom::Start(0)).map_err(|e| Error::io("read", path, e))?;
+    f.seek(SeekFrom::Start(0))
+        .map_err(|e| Error::io("read", path, e))?;
     let mut buf = vec![0u8; 64 * 1024];
     let mut n = 0u64;
     loop {
@@ -248,7 +256,12 @@ mod tests {
         let other = LockKey::new("s", "o/other").unwrap();
         let total = ROTATE_EVENTS * 2 + 500;
         for i in 0..total {
-            let mut ev = Event::new(EventKind::Acquired, if i % 2 == 0 { &key } else { &other }, Timestamp(0), "h");
+            let mut ev = Event::new(
+                EventKind::Acquired,
+                if i % 2 == 0 { &key } else { &other },
+                Timestamp(0),
+                "h",
+            );
             ev.fence = Some(i);
             h.append(&[ev]).unwrap();
         }
@@ -257,6 +270,9 @@ mod tests {
         assert_eq!(all.last().unwrap().fence, Some(total - 1));
         assert!(all.windows(2).all(|w| w[0].fence < w[1].fence));
         let mine = h.read(Some(&key), 3).unwrap();
-        assert_eq!(mine.iter().map(|e| e.fence.unwrap()).collect::<Vec<_>>(), [total - 6, total - 4, total - 2]);
+        assert_eq!(
+            mine.iter().map(|e| e.fence.unwrap()).collect::<Vec<_>>(),
+            [total - 6, total - 4, total - 2]
+        );
     }
 }

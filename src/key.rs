@@ -156,12 +156,22 @@ mod tests {
 
     #[test]
     fn refuses_each_rule() {
-        for s in ["", "-x", ".x", "_x", "a/b", "a@b", "a b", &"a".repeat(65), "é"] {
+        for s in [
+            "",
+            "-x",
+            ".x",
+            "_x",
+            "a/b",
+            "a@b",
+            "a b",
+            &"a".repeat(65),
+            "é",
+        ] {
             assert!(validate_skill(s).is_err(), "{s:?}");
         }
         for r in [
-            "", "a", "a/b/c", "/b", "a/", "./b", "../b", "a/.", "a/..", "a__b/c", "a_/b",
-            "a b/c", "a/b c", "a/b@c",
+            "", "a", "a/b/c", "/b", "a/", "./b", "../b", "a/.", "a/..", "a__b/c", "a_/b", "a b/c",
+            "a/b c", "a/b@c",
         ] {
             assert!(validate_repo(r).is_err(), "{r:?}");
         }

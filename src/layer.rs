@@ -50,8 +50,7 @@ fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {
     let git_dir = if meta.is_dir() {
         dot_git
     } else {
-        let text = std::fs::read_to_string(&dot_git)
-            .map_err(|e| Error::io("read", &dot_git, e))?;
+        let text = std::fs::read_to_string(&dot_git).map_err(|e| Error::io("read", &dot_git, e))?;
         let Some(target) = text.lines().find_map(|l| l.strip_prefix("gitdir:")) else {
             return Err(Error::NoRoot(format!(
                 "{} holds no 'gitdir:' line; repair it (git worktree repair) or pass --root",
@@ -131,12 +130,19 @@ mod tests {
         fs::write(main.join(".git/worktrees/wt/commondir"), "../..\n").unwrap();
         let wt = top.join("wt");
         fs::create_dir_all(&wt).unwrap();
-        fs::write(wt.join(".git"), format!("gitdir: {}\n", main.join(".git/worktrees/wt").display())).unwrap();
+        fs::write(
+            wt.join(".git"),
+            format!("gitdir: {}\n", main.join(".git/worktrees/wt").display()),
+        )
+        .unwrap();
         assert_eq!(resolve(&wt).unwrap().dir, main.join(".git/apache-magpie"));
         assert_eq!(resolve(&main).unwrap().kind, LayerKind::Git);
         fs::write(wt.join(".apache-magpie.lock"), "").unwrap();
         let l = resolve(&wt).unwrap();
-        assert_eq!((l.dir, l.kind), (main.join(".apache-magpie-local"), LayerKind::Adopted));
+        assert_eq!(
+            (l.dir, l.kind),
+            (main.join(".apache-magpie-local"), LayerKind::Adopted)
+        );
         fs::write(wt.join(".git"), "gitdir: /nowhere/at/all\n").unwrap();
         assert!(matches!(resolve(&wt), Err(Error::NoRoot(_))));
     }

@@ -90,13 +90,20 @@ pub fn term(now: &Now, ttl: u64) -> Term {
 /// Milliseconds left on a lease (zero or less: expired).
 #[must_use]
 pub fn remaining_ms(holder: &Holder, now: &Now) -> i64 {
-    if let (Some(deadline), Some(boot), Some(id)) =
-        (holder.deadline_boot_ms, now.boot.as_ref(), holder.boot_id.as_deref())
-        && boot.id == id
+    if let (Some(deadline), Some(boot), Some(id)) = (
+        holder.deadline_boot_ms,
+        now.boot.as_ref(),
+        holder.boot_id.as_deref(),
+    ) && boot.id == id
     {
-        return i64::try_from(deadline).unwrap_or(i64::MAX) - i64::try_from(boot.ms).unwrap_or(i64::MAX);
+        return i64::try_from(deadline).unwrap_or(i64::MAX)
+            - i64::try_from(boot.ms).unwrap_or(i64::MAX);
     }
-    holder.expires.0.saturating_mul(1000).saturating_sub(now.wall_ms)
+    holder
+        .expires
+        .0
+        .saturating_mul(1000)
+        .saturating_sub(now.wall_ms)
 }
 
 /// Whole seconds left, rounded up (a live lease shows at least 1), never negative.

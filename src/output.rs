@@ -182,8 +182,10 @@ impl Report {
     #[must_use]
     pub fn to_line(&self) -> Vec<u8> {
         let mut v = serde_json::to_vec(self).unwrap_or_else(|e| {
-            format!(r#"{{"result":"error","error":"internal","message":"cannot print result: {e}"}}"#)
-                .into_bytes()
+            format!(
+                r#"{{"result":"error","error":"internal","message":"cannot print result: {e}"}}"#
+            )
+            .into_bytes()
         });
         v.push(b'\n');
         v

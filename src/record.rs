@@ -26,9 +26,8 @@ impl Timestamp {
     /// RFC 3339 UTC to the second, e.g. `2026-12-02T10:00:00Z`.
     #[must_use]
     pub fn rfc3339(self) -> String {
-        let fmt = time::macros::format_description!(
-            "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
-        );
+        let fmt =
+            time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
         time::OffsetDateTime::from_unix_timestamp(self.0)
             .ok()
             .and_then(|t| t.format(&fmt).ok())
@@ -123,9 +122,13 @@ impl OwnerRecord {
     /// A human reason when the bytes are not a record of a known format.
     pub fn parse(bytes: &[u8]) -> std::result::Result<Self, String> {
         if bytes.len() > MAX_RECORD_BYTES {
-            return Err(format!("record is {} bytes, more than any record can be", bytes.len()));
+            return Err(format!(
+                "record is {} bytes, more than any record can be",
+                bytes.len()
+            ));
         }
-        let rec: Self = serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
+        let rec: Self =
+            serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
         if rec.holder.format != FORMAT {
             return Err(format!("unknown record format {}", rec.holder.format));
         }
@@ -151,10 +154,12 @@ impl OwnerRecord {
 
 fn hex(bytes: &[u8]) -> String {
     use fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// Lowercase hex SHA-256 of a token.
@@ -169,7 +174,8 @@ pub fn hash_token(token: &str) -> String {
 /// [`Error::Internal`] when the OS refuses randomness.
 pub fn new_token() -> Result<String> {
     let mut buf = [0u8; 16];
-    getrandom::fill(&mut buf).map_err(|e| Error::Internal(format!("no randomness from the OS: {e}")))?;
+    getrandom::fill(&mut buf)
+        .map_err(|e| Error::Internal(format!("no randomness from the OS: {e}")))?;
     Ok(hex(&buf))
 }
 
@@ -217,14 +223,20 @@ pub(crate) mod tests {
     #[test]
     fn times_are_rfc3339_utc_seconds() {
         assert_eq!(Timestamp(1_796_205_600).rfc3339(), "2026-12-02T10:00:00Z");
-        assert_eq!(Timestamp::parse("2026-12-02T11:00:00.7+01:00"), Some(Timestamp(1_796_205_600)));
+        assert_eq!(
+            Timestamp::parse("2026-12-02T11:00:00.7+01:00"),
+            Some(Timestamp(1_796_205_600))
+        );
     }
 
     #[test]
     fn token_is_hashed_and_checked() {
         let t = new_token().unwrap();
         assert_eq!(t.len(), 32);
-        assert!(t.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(
+            t.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         let mut r = sample(None);
         r.token_sha256 = hash_token(&t);
         assert!(r.token_matches(&t));

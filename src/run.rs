@@ -192,7 +192,9 @@ pub fn supervise<S: Store + Clone + Send + 'static>(
                         return (renewals, true);
                     }
                     Ok(Renew::NotHeld { .. }) => {
-                        eprintln!("skill-lock run: the lock was released by someone else; stopping the command");
+                        eprintln!(
+                            "skill-lock run: the lock was released by someone else; stopping the command"
+                        );
                         send(pid, libc::SIGTERM);
                         return (renewals, true);
                     }
@@ -204,7 +206,8 @@ pub fn supervise<S: Store + Clone + Send + 'static>(
     let status = child.wait();
     let _ = stop_tx.send(());
     let (renewals, lost) = renewer.join().unwrap_or((0, false));
-    let status = status.map_err(|e| Error::Internal(format!("waiting for the command failed: {e}")))?;
+    let status =
+        status.map_err(|e| Error::Internal(format!("waiting for the command failed: {e}")))?;
     let released = matches!(
         engine::release(store, key, Some(token), false, &Context::here()),
         Ok(engine::Release::Released { .. })

@@ -12,7 +12,9 @@ pub(super) fn hostname() -> Option<String> {
         return None;
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec()).ok().filter(|h| !h.is_empty())
+    String::from_utf8(buf[..end].to_vec())
+        .ok()
+        .filter(|h| !h.is_empty())
 }
 
 pub(super) fn boot_clock() -> Option<BootClock> {

@@ -11,18 +11,26 @@ pub(super) fn hostname() -> Option<String> {
         return None;
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec()).ok().filter(|h| !h.is_empty())
+    String::from_utf8(buf[..end].to_vec())
+        .ok()
+        .filter(|h| !h.is_empty())
 }
 
 pub(super) fn boot_clock() -> Option<BootClock> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid timespec to write into.
     if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) } != 0 {
         return None;
     }
     let ms = u64::try_from(ts.tv_sec).ok()? * 1000 + u64::try_from(ts.tv_nsec).ok()? / 1_000_000;
-    Some(BootClock { id: id.trim().to_owned(), ms })
+    Some(BootClock {
+        id: id.trim().to_owned(),
+        ms,
+    })
 }
 
 /// Field 22 of `/proc/<pid>/stat`: start time in clock ticks after boot.

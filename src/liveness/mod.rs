@@ -143,7 +143,7 @@ mod tests {
         h.owner_pid = Some(me);
         h.owner_start = process_start(me);
         assert!(!owner_dead(&h, "here", &now));
-        assert!(!owner_dead(&h, "elsewhere-pid-not-judged", &now) );
+        assert!(!owner_dead(&h, "elsewhere-pid-not-judged", &now));
         h.owner_pid = Some(pid);
         assert!(owner_dead(&h, "here", &now));
         assert!(!owner_dead(&h, "other-host", &now));
@@ -159,7 +159,10 @@ mod tests {
         h.owner_pid = Some(me);
         h.boot_id = now.boot.as_ref().map(|b| b.id.clone());
         h.owner_start = process_start(me).map(|s| s + 1);
-        assert!(owner_dead(&h, "here", &now), "start time differs: reused pid");
+        assert!(
+            owner_dead(&h, "here", &now),
+            "start time differs: reused pid"
+        );
         h.owner_start = process_start(me);
         h.boot_id = Some("another-boot".into());
         assert!(owner_dead(&h, "here", &now), "host rebooted since");

@@ -143,7 +143,9 @@ impl FileStore {
     }
 
     fn lock_dir(&self, key: &LockKey) -> PathBuf {
-        self.run.join("locks").join(format!("{}{LOCK_SUFFIX}", key.name()))
+        self.run
+            .join("locks")
+            .join(format!("{}{LOCK_SUFFIX}", key.name()))
     }
 
     fn keys(&self, key: &LockKey, ext: &str) -> PathBuf {
@@ -166,7 +168,15 @@ impl FileStore {
 
     fn open_guard(&self, key: &LockKey) -> Result<File> {
         let path = self.keys(key, "guard");
-        let open = || OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(&path);
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+        };
         let file = match open() {
             Ok(f) => f,
             Err(e) if is_not_found(&e) => {
@@ -206,9 +216,12 @@ impl FileStore {
     }
 
     fn tombstone(&self, key: &LockKey) -> PathBuf {
-        self.run
-            .join("tombs")
-            .join(format!("{}.{}.{}", key.name(), std::process::id(), random_suffix()))
+        self.run.join("tombs").join(format!(
+            "{}.{}.{}",
+            key.name(),
+            std::process::id(),
+            random_suffix()
+        ))
     }
 
     /// Renames the lock to a unique tombstone; returns it (None: nothing there).
@@ -232,10 +245,20 @@ impl FileStore {
     }
 
     /// Publishes a new record for `key`: fence, build, (bury), rename into place.
-    fn publish(&self, key: &LockKey, mut rec: OwnerRecord, takeover: bool, seen_fence: u64) -> Result<OwnerRecord> {
+    fn publish(
+        &self,
+        key: &LockKey,
+        mut rec: OwnerRecord,
+        takeover: bool,
+        seen_fence: u64,
+    ) -> Result<OwnerRecord> {
         let fence = self.read_fence(key)?.max(seen_fence) + 1;
         rec.holder.fence = fence;
-        replace_file(&self.keys(key, "fence.tmp"), &self.keys(key, "fence"), format!("{fence}\n").as_bytes())?;
+        replace_file(
+            &self.keys(key, "fence.tmp"),
+            &self.keys(key, "fence"),
+            format!("{fence}\n").as_bytes(),
+        )?;
         let built = self.build(key, &rec)?;
         let tomb = if takeover { self.bury(key)? } else { None };
         let lock = self.lock_dir(key);
@@ -246,7 +269,12 @@ impl FileStore {
         Ok(rec)
     }
 
-    fn apply(&self, key: &LockKey, current: &Current, change: Change) -> Result<Option<OwnerRecord>> {
+    fn apply(
+        &self,
+        key: &LockKey,
+        current: &Current,
+        change: Change,
+    ) -> Result<Option<OwnerRecord>> {
         let seen_fence = match current {
             Current::Held(r) => r.holder.fence,
             _ => 0,
@@ -257,7 +285,11 @@ impl FileStore {
             Change::Takeover(rec) => self.publish(key, rec, true, seen_fence).map(Some),
             Change::Rewrite(rec) => {
                 let dir = self.lock_dir(key);
-                replace_file(&dir.join("owner.json.tmp"), &dir.join(RECORD), &rec.to_bytes()?)?;
+                replace_file(
+                    &dir.join("owner.json.tmp"),
+                    &dir.join(RECORD),
+                    &rec.to_bytes()?,
+                )?;
                 Ok(Some(rec))
             }
             Change::Delete => {
@@ -273,7 +305,12 @@ impl FileStore {
 fn read_lock_dir(dir: &Path) -> Result<Current> {
     match std::fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Ok(Current::Corrupt(format!("{} is not a directory", dir.display()))),
+        Ok(_) => {
+            return Ok(Current::Corrupt(format!(
+                "{} is not a directory",
+                dir.display()
+            )));
+        }
         Err(e) if is_not_found(&e) => return Ok(Current::Free),
         Err(e) => return Err(Error::io("read", dir, e)),
     }
@@ -286,10 +323,15 @@ fn read_lock_dir(dir: &Path) -> Result<Current> {
         Err(e) if is_not_found(&e) => match std::fs::symlink_metadata(dir) {
             // Released between our two looks.
             Err(e2) if is_not_found(&e2) => Ok(Current::Free),
-            _ => Ok(Current::Corrupt("the lock directory holds no record".to_owned())),
+            _ => Ok(Current::Corrupt(
+                "the lock directory holds no record".to_owned(),
+            )),
         },
         Err(e) if e.kind() == ErrorKind::InvalidData || e.raw_os_error() == Some(libc::EISDIR) => {
-            Ok(Current::Corrupt(format!("{} is not a file", path.display())))
+            Ok(Current::Corrupt(format!(
+                "{} is not a file",
+                path.display()
+            )))
         }
         Err(e) => Err(Error::io("read", path, e)),
     }
@@ -315,7 +357,11 @@ impl Store for FileStore {
     ) -> Result<Committed<T>> {
         let guard = self.open_guard(key)?;
         let current = self.read(key)?;
-        let Decision { change, mut events, value } = decide(&current)?;
+        let Decision {
+            change,
+            mut events,
+            value,
+        } = decide(&current)?;
         let written = self.apply(key, &current, change)?;
         if let Some(rec) = &written {
             for ev in events.iter_mut().filter(|e| e.fence.is_none()) {
@@ -323,7 +369,9 @@ impl Store for FileStore {
             }
         }
         if let Err(e) = self.history.append(&events) {
-            eprintln!("skill-lock: warning: the history was not written ({e}); the lock operation itself succeeded");
+            eprintln!(
+                "skill-lock: warning: the history was not written ({e}); the lock operation itself succeeded"
+            );
         }
         drop(guard);
         Ok(Committed { value, written })
@@ -337,7 +385,8 @@ impl Store for FileStore {
                 for entry in dir {
                     let entry = entry.map_err(|e| Error::io("read", &locks_dir, e))?;
                     let file_name = entry.file_name();
-                    let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(LOCK_SUFFIX)) else {
+                    let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(LOCK_SUFFIX))
+                    else {
                         continue;
                     };
                     let Some(key) = LockKey::from_name(name) else {
@@ -355,7 +404,11 @@ impl Store for FileStore {
                             .unwrap_or(key),
                         _ => key,
                     };
-                    locks.push(Listed { key, location: path.display().to_string(), current });
+                    locks.push(Listed {
+                        key,
+                        location: path.display().to_string(),
+                        current,
+                    });
                 }
             }
             Err(e) if is_not_found(&e) => {}

@@ -14,6 +14,8 @@ use crate::key::LockKey;
 use crate::record::OwnerRecord;
 
 /// What a store holds for one lock at one moment.
+// Short-lived, one per read: boxing the record would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Current {
     /// No lock.
