@@ -254,7 +254,7 @@ mod tests {
         let h = FileHistory::new(t.path());
         let key = LockKey::new("s", "o/r").unwrap();
         let other = LockKey::new("s", "o/other").unwrap();
-        let total = ROTATE_EVENTS * 2 + 500;
+        let total = 50_000;
         for i in 0..total {
             let mut ev = Event::new(
                 EventKind::Acquired,
@@ -269,6 +269,14 @@ mod tests {
         assert!(all.len() as u64 >= ROTATE_EVENTS && all.len() as u64 <= 2 * ROTATE_EVENTS + 1);
         assert_eq!(all.last().unwrap().fence, Some(total - 1));
         assert!(all.windows(2).all(|w| w[0].fence < w[1].fence));
+        // The disk bound: two files of at most ROTATE_EVENTS (+1) lines.
+        for f in ["history.jsonl", "history.1.jsonl"] {
+            let lines = std::fs::read_to_string(t.path().join(f))
+                .unwrap()
+                .lines()
+                .count() as u64;
+            assert!(lines <= ROTATE_EVENTS + 1, "{f}: {lines}");
+        }
         let mine = h.read(Some(&key), 3).unwrap();
         assert_eq!(
             mine.iter().map(|e| e.fence.unwrap()).collect::<Vec<_>>(),

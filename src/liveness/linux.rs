@@ -2,20 +2,6 @@
 
 use crate::lease::BootClock;
 
-pub(super) fn hostname() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
-    // when the name fits.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec())
-        .ok()
-        .filter(|h| !h.is_empty())
-}
-
 pub(super) fn boot_clock() -> Option<BootClock> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let mut ts = libc::timespec {

@@ -51,7 +51,21 @@ pub fn hostname() -> String {
     {
         return h;
     }
-    os::hostname().unwrap_or_else(|| "localhost".to_owned())
+    system_hostname().unwrap_or_else(|| "localhost".to_owned())
+}
+
+fn system_hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
+    // when the name fits (POSIX).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..end].to_vec())
+        .ok()
+        .filter(|h| !h.is_empty())
 }
 
 /// The boot-time clock, where the OS has one.
