@@ -554,6 +554,14 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
     }
 }
 
+/// The clap definition of the command line, for generating completions and
+/// the man page (`cargo run --example gen-docs`).
+#[must_use]
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command()
+}
+
 /// Runs one invocation: parses `args` (program name first), acts, prints
 /// exactly one JSON object (or help/version text) and returns the exit status.
 pub fn run<I, T>(args: I) -> u8
