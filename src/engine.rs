@@ -177,6 +177,11 @@ pub fn judge(current: &Current, ctx: &Context) -> State {
             holder: None,
             expires_in: None,
         },
+        Current::Held(rec) if lease::impossible(&rec.holder, &ctx.now) => State::Stale {
+            reason: StaleReason::Corrupt,
+            holder: Some(rec.holder.clone()),
+            expires_in: None,
+        },
         Current::Held(rec) => {
             let expires_in = lease::expires_in(&rec.holder, &ctx.now);
             match liveness::judge(&rec.holder, &ctx.host, &ctx.now) {

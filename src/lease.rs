@@ -106,6 +106,18 @@ pub fn remaining_ms(holder: &Holder, now: &Now) -> i64 {
         .saturating_sub(now.wall_ms)
 }
 
+/// Slack for clock differences when judging an impossible lease.
+pub const FUTURE_SLACK_SECS: u64 = 300;
+
+/// A lease that ends further ahead than any ttl allows (more than 30 days
+/// plus 5 minutes from now) cannot have been written by a sane clock; it is
+/// treated as corrupt rather than blocking the lock for years.
+#[must_use]
+pub fn impossible(holder: &Holder, now: &Now) -> bool {
+    let limit = i64::try_from((MAX_TTL + FUTURE_SLACK_SECS) * 1000).unwrap_or(i64::MAX);
+    remaining_ms(holder, now) > limit
+}
+
 /// Whole seconds left, rounded up (a live lease shows at least 1), never negative.
 #[must_use]
 pub fn expires_in(holder: &Holder, now: &Now) -> u64 {
@@ -156,5 +168,8 @@ mod tests {
         assert_eq!(expires_in(&h, &now(99_001, None)), 1);
         assert_eq!(expires_in(&h, &now(100_000, None)), 0);
         assert_eq!(expires_in(&h, &now(200_000, None)), 0);
+        assert!(!impossible(&h, &now(0, None)));
+        h.expires = Timestamp(i64::try_from(MAX_TTL + FUTURE_SLACK_SECS).unwrap() + 2);
+        assert!(impossible(&h, &now(1000, None)));
     }
 }
