@@ -425,3 +425,36 @@ impl Store for FileStore {
         self.history.read(key, limit)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{self, Acquire, AcquireRequest, Context};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        /// Every valid name round-trips through `list`, spelled as given.
+        #[test]
+        fn valid_names_round_trip_through_list(
+            skill in "[A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+            owner in "[A-Za-z0-9.-][A-Za-z0-9._-]{0,20}[A-Za-z0-9.-]",
+            name in "[A-Za-z0-9._-]{1,100}",
+        ) {
+            let repo = format!("{owner}/{name}");
+            let Ok(key) = LockKey::new(&skill, &repo) else {
+                return Ok(());
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let store = FileStore::new(dir.path());
+            let req = AcquireRequest { ttl: 60, note: None, owner_pid: None };
+            let got = engine::acquire(&store, &key, &req, &Context::here()).unwrap();
+            let acquired = matches!(got, Acquire::Acquired { .. });
+            prop_assert!(acquired);
+            let listing = store.list().unwrap();
+            prop_assert_eq!(listing.locks.len(), 1);
+            prop_assert_eq!(listing.locks[0].key.skill(), skill.as_str());
+            prop_assert_eq!(listing.locks[0].key.repo(), repo.as_str());
+        }
+    }
+}
