@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::layer;
 use crate::root;
+use crate::store::AnyStore;
 use crate::store::fs::FileStore;
 
 /// Longest note, bytes of UTF-8.
@@ -83,8 +84,8 @@ pub enum StoreSource {
 /// The resolved store and what the hint needs to name it again.
 #[derive(Debug, Clone)]
 pub struct StoreChoice {
-    /// The file store to use.
-    pub store: FileStore,
+    /// The store to use.
+    pub store: AnyStore,
     /// Where the choice came from.
     pub source: StoreSource,
     /// The URL as given (flag, env or config file).
@@ -106,12 +107,20 @@ fn from_url(
 ) -> Result<StoreChoice> {
     let Some(dir) = url.strip_prefix("file:") else {
         if url.starts_with("etcd://") || url.starts_with("etcds://") {
+            #[cfg(feature = "etcd")]
+            return Ok(StoreChoice {
+                store: AnyStore::Etcd(crate::store::etcd::EtcdStore::new(url)?),
+                source,
+                url: Some(url.to_owned()),
+                root,
+            });
+            #[cfg(not(feature = "etcd"))]
             return Err(Error::StoreUnavailable(format!(
-                "store {url:?}: this build has no etcd store; use a file store (file:DIR) or the default"
+                "store {url:?}: this build has no etcd store (feature \"etcd\"); use file:DIR or the default"
             )));
         }
         return Err(Error::Usage(format!(
-            "unknown store {url:?}: use file:DIR (or leave it unset for the personal layer)"
+            "unknown store {url:?}: use etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR"
         )));
     };
     if dir.is_empty() {
@@ -126,7 +135,7 @@ fn from_url(
         cwd.join(dir)
     };
     Ok(StoreChoice {
-        store: FileStore::new(&dir),
+        store: AnyStore::File(FileStore::new(&dir)),
         source,
         url: Some(url.to_owned()),
         root,
@@ -178,7 +187,7 @@ pub fn choose_store(
         Err(e) => return Err(Error::io("read", cfg, e)),
     }
     Ok(StoreChoice {
-        store: FileStore::new(&layer.dir),
+        store: AnyStore::File(FileStore::new(&layer.dir)),
         source: StoreSource::Default,
         url: None,
         root: Some(root),

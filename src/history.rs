@@ -165,18 +165,29 @@ impl FileHistory {
             }
             count = 0;
         }
-        let mut text = Vec::with_capacity(512 * events.len());
-        for ev in events {
-            serde_json::to_writer(&mut text, ev).map_err(|e| Error::Internal(e.to_string()))?;
-            text.push(b'\n');
-        }
         let path = self.current();
         let mut f = OpenOptions::new()
+            .read(true)
             .append(true)
             .create(true)
             .mode(0o600)
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
+        // A line cut short by a crash must not swallow the next event.
+        let len = f.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
+        let mut last = [b'\n'];
+        if len > 0 {
+            f.read_exact_at(&mut last, len - 1)
+                .map_err(|e| Error::io("read", &path, e))?;
+        }
+        let mut text = Vec::with_capacity(512 * events.len() + 1);
+        if last[0] != b'\n' {
+            text.push(b'\n');
+        }
+        for ev in events {
+            serde_json::to_writer(&mut text, ev).map_err(|e| Error::Internal(e.to_string()))?;
+            text.push(b'\n');
+        }
         f.write_all(&text)
             .map_err(|e| Error::io("append to", &path, e))?;
         count += events.len() as u64;
@@ -269,6 +280,16 @@ mod tests {
         assert!(all.len() as u64 >= ROTATE_EVENTS && all.len() as u64 <= 2 * ROTATE_EVENTS + 1);
         assert_eq!(all.last().unwrap().fence, Some(total - 1));
         assert!(all.windows(2).all(|w| w[0].fence < w[1].fence));
+        // A torn last line (a crash mid-append) does not swallow the next event.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(t.path().join("history.jsonl"))
+            .unwrap();
+        f.write_all(b"{\"time\":\"2026-").unwrap();
+        let mut ev = Event::new(EventKind::Released, &other, Timestamp(0), "h");
+        ev.fence = Some(u64::MAX);
+        h.append(&[ev]).unwrap();
+        assert_eq!(h.read(None, 1).unwrap()[0].fence, Some(u64::MAX));
         // The disk bound: two files of at most ROTATE_EVENTS (+1) lines.
         for f in ["history.jsonl", "history.1.jsonl"] {
             let lines = std::fs::read_to_string(t.path().join(f))

@@ -16,14 +16,27 @@ fn acquire(env: &TestEnv, cwd: &Path, extra: &[&str]) -> Value {
 }
 
 const HOLDER_FIELDS: [&str; 11] = [
-    "skill", "repo", "started", "expires", "renewed", "ttl", "note", "host", "owner_pid", "fence", "format",
+    "skill",
+    "repo",
+    "started",
+    "expires",
+    "renewed",
+    "ttl",
+    "note",
+    "host",
+    "owner_pid",
+    "fence",
+    "format",
 ];
 
 fn assert_holder(h: &Value) {
     for f in HOLDER_FIELDS {
         assert!(h.get(f).is_some(), "holder lacks {f}: {h}");
     }
-    assert!(h.get("token").is_none() && h.get("token_sha256").is_none(), "holder shows the token: {h}");
+    assert!(
+        h.get("token").is_none() && h.get("token_sha256").is_none(),
+        "holder shows the token: {h}"
+    );
 }
 
 fn is_rfc3339_second(v: &Value) -> bool {
@@ -38,7 +51,11 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
     let a = acquire(&env, &repo, &["--note", "run 1\tok", "--ttl", "600"]);
     let token = a["token"].as_str().unwrap().to_owned();
     assert_eq!(token.len(), 32);
-    assert!(token.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    assert!(
+        token
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    );
     assert_eq!(a["ttl"], 600);
     assert_eq!(a["note"], "run 1\tok");
     assert_eq!(a["took_over"], Value::Null);
@@ -49,7 +66,10 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
     assert!(lock.join("owner.json").is_file());
     let record = std::fs::read_to_string(lock.join("owner.json")).unwrap();
     assert!(!record.contains(&token), "the token is stored only hashed");
-    assert_eq!(std::fs::read_to_string(repo.join(".git/apache-magpie/run/.gitignore")).unwrap(), "*\n");
+    assert_eq!(
+        std::fs::read_to_string(repo.join(".git/apache-magpie/run/.gitignore")).unwrap(),
+        "*\n"
+    );
 
     // A second run, spelling the repo differently, finds it held.
     let held = env
@@ -63,30 +83,63 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
     let left = v["expires_in"].as_u64().unwrap();
     assert!((598..=601).contains(&left), "{left}");
     let hint = v["hint"].as_str().unwrap();
-    assert!(hint.starts_with("skill-lock release issue-triage --repo Apache/AIRFLOW --force"), "{hint}");
+    assert!(
+        hint.starts_with("skill-lock release issue-triage --repo Apache/AIRFLOW --force"),
+        "{hint}"
+    );
     assert!(!held.stdout.contains(&token));
 
     // Other skill, other repo: no contention.
-    env.cmd(&repo).args(["acquire", "issue-stale-sweep", "--repo", "apache/airflow"]).run().expect(0, "acquired");
-    env.cmd(&repo).args(["acquire", "issue-triage", "--repo", "apache/other"]).run().expect(0, "acquired");
+    env.cmd(&repo)
+        .args(["acquire", "issue-stale-sweep", "--repo", "apache/airflow"])
+        .run()
+        .expect(0, "acquired");
+    env.cmd(&repo)
+        .args(["acquire", "issue-triage", "--repo", "apache/other"])
+        .run()
+        .expect(0, "acquired");
 
-    let st = env.cmd(&repo).args(["status", "issue-triage", "--repo", "apache/airflow"]).run();
+    let st = env
+        .cmd(&repo)
+        .args(["status", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     let s = st.expect(0, "status");
     assert_eq!(s["state"], "held");
     assert_holder(&s["holder"]);
 
     env.cmd(&repo)
-        .args(["check", "issue-triage", "--repo", "apache/airflow", "--token", &token])
+        .args([
+            "check",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &token,
+        ])
         .run()
         .expect(0, "held");
     env.cmd(&repo)
-        .args(["check", "issue-triage", "--repo", "apache/airflow", "--token", "0123"])
+        .args([
+            "check",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            "0123",
+        ])
         .run()
         .expect(4, "not_owner");
 
     let rel = env
         .cmd(&repo)
-        .args(["release", "issue-triage", "--repo", "apache/airflow", "--token", &token])
+        .args([
+            "release",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &token,
+        ])
         .run();
     let r = rel.expect(0, "released");
     assert_eq!(r["forced"], false);
@@ -97,10 +150,20 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
         .run()
         .expect(0, "not_held");
     env.cmd(&repo)
-        .args(["check", "issue-triage", "--repo", "apache/airflow", "--token", &token])
+        .args([
+            "check",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &token,
+        ])
         .run()
         .expect(4, "not_held");
-    let s = env.cmd(&repo).args(["status", "issue-triage", "--repo", "apache/airflow"]).run();
+    let s = env
+        .cmd(&repo)
+        .args(["status", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     assert_eq!(s.expect(0, "status")["state"], "free");
 
     // The fence survives release.
@@ -133,15 +196,28 @@ fn roots_and_personal_layers() {
     let sub = repo.join("a/b");
     std::fs::create_dir_all(&sub).unwrap();
     let a = acquire(&env, &sub, &[]);
-    assert!(a["lock"].as_str().unwrap().starts_with(&format!("{}/.git/apache-magpie/run/locks/", repo.display())));
+    assert!(
+        a["lock"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}/.git/apache-magpie/run/locks/", repo.display()))
+    );
 
     // Linked worktree shares the main clone's common dir: they contend.
     let main = env.git_repo("main");
     let wt = env.worktree(&main, "wt");
     assert!(wt.join(".git").is_file());
     let a = acquire(&env, &wt, &[]);
-    assert!(a["lock"].as_str().unwrap().starts_with(&format!("{}/.git/apache-magpie/", main.display())));
-    env.cmd(&main).args(["acquire", "issue-triage", "--repo", "apache/airflow"]).run().expect(3, "already_running");
+    assert!(
+        a["lock"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}/.git/apache-magpie/", main.display()))
+    );
+    env.cmd(&main)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(3, "already_running");
     assert!(!wt.join(".apache-magpie-local").exists());
 
     // Adopted project: .apache-magpie-local/ of the main working tree, from a worktree too.
@@ -152,41 +228,81 @@ fn roots_and_personal_layers() {
     let a = acquire(&env, &awt, &[]);
     assert_eq!(
         a["lock"],
-        adopted.join(".apache-magpie-local/run/locks/issue-triage@apache__airflow.lock").display().to_string()
+        adopted
+            .join(".apache-magpie-local/run/locks/issue-triage@apache__airflow.lock")
+            .display()
+            .to_string()
     );
-    env.cmd(&adopted).args(["acquire", "issue-triage", "--repo", "apache/airflow"]).run().expect(3, "already_running");
+    env.cmd(&adopted)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(3, "already_running");
 
     // svn-like folder.
     let svn = env.svn_dir("svn");
     std::fs::create_dir_all(svn.join("trunk")).unwrap();
     let a = acquire(&env, &svn.join("trunk"), &[]);
-    assert!(a["lock"].as_str().unwrap().starts_with(&format!("{}/.svn/apache-magpie/run/locks/", svn.display())));
+    assert!(
+        a["lock"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}/.svn/apache-magpie/run/locks/", svn.display()))
+    );
 
     // Plain folder with --root (also after the command word, and relative).
     let plain = env.dir("folder");
     let a = env
         .cmd(&env.root)
-        .args(["acquire", "issue-triage", "--repo", "apache/airflow", "--root", "folder"])
+        .args([
+            "acquire",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--root",
+            "folder",
+        ])
         .run();
-    assert!(a.expect(0, "acquired")["lock"]
-        .as_str()
-        .unwrap()
-        .starts_with(&format!("{}/.apache-magpie-local/run/locks/", plain.display())));
+    assert!(
+        a.expect(0, "acquired")["lock"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!(
+                "{}/.apache-magpie-local/run/locks/",
+                plain.display()
+            ))
+    );
     env.cmd(&env.root)
-        .args(["--root", plain.to_str().unwrap(), "status", "issue-triage", "--repo", "apache/airflow"])
+        .args([
+            "--root",
+            plain.to_str().unwrap(),
+            "status",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+        ])
         .run()
         .expect(0, "status");
 
     // No root at all.
     let nowhere = env.dir("nowhere");
-    let out = env.cmd(&nowhere).args(["acquire", "issue-triage", "--repo", "apache/airflow"]).run();
+    let out = env
+        .cmd(&nowhere)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     // The temp dir may sit below a checkout on odd machines; only judge when it does not.
     if !Path::new("/tmp/.git").exists() {
         out.expect_error("no_root");
         assert!(tree(&nowhere).is_empty());
     }
     env.cmd(&nowhere)
-        .args(["status", "issue-triage", "--repo", "a/b", "--root", "/does/not/exist"])
+        .args([
+            "status",
+            "issue-triage",
+            "--repo",
+            "a/b",
+            "--root",
+            "/does/not/exist",
+        ])
         .run()
         .expect_error("no_root");
 }
@@ -198,11 +314,24 @@ fn expired_lease_is_taken_over_and_old_token_is_powerless() {
     let old = acquire(&env, &repo, &["--ttl", "1", "--note", "old"]);
     let old_token = old["token"].as_str().unwrap().to_owned();
     std::thread::sleep(std::time::Duration::from_millis(2100));
-    let s = env.cmd(&repo).args(["status", "issue-triage", "--repo", "apache/airflow"]).run();
+    let s = env
+        .cmd(&repo)
+        .args(["status", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     let s = s.expect(0, "status");
-    assert_eq!((s["state"].as_str(), s["stale_reason"].as_str()), (Some("stale"), Some("expired")));
+    assert_eq!(
+        (s["state"].as_str(), s["stale_reason"].as_str()),
+        (Some("stale"), Some("expired"))
+    );
     env.cmd(&repo)
-        .args(["check", "issue-triage", "--repo", "apache/airflow", "--token", &old_token])
+        .args([
+            "check",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &old_token,
+        ])
         .run()
         .expect(4, "expired");
     let new = acquire(&env, &repo, &["--note", "new"]);
@@ -214,27 +343,63 @@ fn expired_lease_is_taken_over_and_old_token_is_powerless() {
     // The taken-over run can neither renew, check nor release the new holder's lock.
     let r = env
         .cmd(&repo)
-        .args(["renew", "issue-triage", "--repo", "apache/airflow", "--token", &old_token])
+        .args([
+            "renew",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &old_token,
+        ])
         .run();
     assert_eq!(r.expect(4, "not_owner")["holder"]["note"], "new");
     env.cmd(&repo)
-        .args(["check", "issue-triage", "--repo", "apache/airflow", "--token", &old_token])
+        .args([
+            "check",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &old_token,
+        ])
         .run()
         .expect(4, "not_owner");
     let r = env
         .cmd(&repo)
-        .args(["release", "issue-triage", "--repo", "apache/airflow", "--token", &old_token])
+        .args([
+            "release",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &old_token,
+        ])
         .run();
     assert_eq!(r.expect(4, "refused")["holder"]["note"], "new");
     env.cmd(&repo)
-        .args(["check", "issue-triage", "--repo", "apache/airflow", "--token", new_token])
+        .args([
+            "check",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            new_token,
+        ])
         .run()
         .expect(0, "held");
 
     // The operator's override.
     let f = env
         .cmd(&repo)
-        .args(["release", "issue-triage", "--repo", "apache/airflow", "--token", &old_token, "--force"])
+        .args([
+            "release",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &old_token,
+            "--force",
+        ])
         .run();
     let f = f.expect(0, "released");
     assert_eq!(f["forced"], true);
@@ -249,31 +414,74 @@ fn renew_extends_and_may_revive_its_own_expired_lease() {
     let token = a["token"].as_str().unwrap().to_owned();
     let r = env
         .cmd(&repo)
-        .args(["renew", "issue-triage", "--repo", "apache/airflow", "--token", &token, "--ttl", "100"])
+        .args([
+            "renew",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &token,
+            "--ttl",
+            "100",
+        ])
         .run();
     let r = r.expect(0, "renewed");
-    assert_eq!((r["ttl"].as_u64(), r["was_expired"].as_bool()), (Some(100), Some(false)));
+    assert_eq!(
+        (r["ttl"].as_u64(), r["was_expired"].as_bool()),
+        (Some(100), Some(false))
+    );
     assert!(is_rfc3339_second(&r["expires"]) && is_rfc3339_second(&r["renewed"]));
     assert_eq!(r["fence"], a["fence"]);
     // Default ttl of renew is the lock's own ttl (now 100).
-    let r = env.cmd(&repo).args(["renew", "issue-triage", "--repo", "apache/airflow"]).run();
+    let r = env
+        .cmd(&repo)
+        .args(["renew", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     assert_eq!(r.expect(0, "renewed")["ttl"], 100);
     let r = env
         .cmd(&repo)
-        .args(["renew", "issue-triage", "--repo", "apache/airflow", "--token", &token, "--ttl", "1"])
+        .args([
+            "renew",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &token,
+            "--ttl",
+            "1",
+        ])
         .run();
     r.expect(0, "renewed");
     std::thread::sleep(std::time::Duration::from_millis(2100));
     let r = env
         .cmd(&repo)
-        .args(["renew", "issue-triage", "--repo", "apache/airflow", "--token", &token, "--ttl", "60"])
+        .args([
+            "renew",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &token,
+            "--ttl",
+            "60",
+        ])
         .run();
     assert_eq!(r.expect(0, "renewed")["was_expired"], true);
     env.cmd(&repo)
-        .args(["check", "issue-triage", "--repo", "apache/airflow", "--token", &token])
+        .args([
+            "check",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &token,
+        ])
         .run()
         .expect(0, "held");
-    env.cmd(&repo).args(["release", "issue-triage", "--repo", "apache/airflow"]).run().expect(0, "released");
+    env.cmd(&repo)
+        .args(["release", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(0, "released");
     env.cmd(&repo)
         .args(["renew", "issue-triage", "--repo", "apache/airflow"])
         .run()
@@ -284,30 +492,55 @@ fn renew_extends_and_may_revive_its_own_expired_lease() {
 fn dead_owner_pid_makes_the_lock_stale() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let pid = child.id().to_string();
     let a = acquire(&env, &repo, &["--owner-pid", &pid]);
     assert_eq!(a["owner_pid"], child.id());
-    env.cmd(&repo).args(["acquire", "issue-triage", "--repo", "apache/airflow"]).run().expect(3, "already_running");
+    env.cmd(&repo)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(3, "already_running");
     child.kill().unwrap();
     child.wait().unwrap();
-    let s = env.cmd(&repo).args(["status", "issue-triage", "--repo", "apache/airflow"]).run();
+    let s = env
+        .cmd(&repo)
+        .args(["status", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     assert_eq!(s.expect(0, "status")["stale_reason"], "owner_dead");
     let b = acquire(&env, &repo, &[]);
     assert_eq!(b["took_over"]["reason"], "owner_dead");
     assert_eq!(b["took_over"]["holder"]["owner_pid"], a["owner_pid"]);
 
     // A pid recorded on another host is not judged here.
-    env.cmd(&repo).args(["release", "issue-triage", "--repo", "apache/airflow"]).run().expect(0, "released");
-    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    env.cmd(&repo)
+        .args(["release", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(0, "released");
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     env.cmd(&repo)
         .env("SKILL_LOCK_HOST", "elsewhere")
-        .args(["acquire", "issue-triage", "--repo", "apache/airflow", "--owner-pid", &child.id().to_string()])
+        .args([
+            "acquire",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--owner-pid",
+            &child.id().to_string(),
+        ])
         .run()
         .expect(0, "acquired");
     child.kill().unwrap();
     child.wait().unwrap();
-    env.cmd(&repo).args(["acquire", "issue-triage", "--repo", "apache/airflow"]).run().expect(3, "already_running");
+    env.cmd(&repo)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(3, "already_running");
 }
 
 #[test]
@@ -317,9 +550,15 @@ fn corrupt_record_is_stale_and_taken_over() {
     let a = acquire(&env, &repo, &[]);
     let lock = Path::new(a["lock"].as_str().unwrap()).to_path_buf();
     std::fs::write(lock.join("owner.json"), b"{\"half\": ").unwrap();
-    let s = env.cmd(&repo).args(["status", "issue-triage", "--repo", "apache/airflow"]).run();
+    let s = env
+        .cmd(&repo)
+        .args(["status", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     let s = s.expect(0, "status");
-    assert_eq!((s["state"].as_str(), s["stale_reason"].as_str()), (Some("stale"), Some("corrupt")));
+    assert_eq!(
+        (s["state"].as_str(), s["stale_reason"].as_str()),
+        (Some("stale"), Some("corrupt"))
+    );
     let l = env.cmd(&repo).arg("list").run();
     assert_eq!(l.expect(0, "list")["locks"][0]["stale_reason"], "corrupt");
     let b = acquire(&env, &repo, &[]);
@@ -332,8 +571,16 @@ fn corrupt_record_is_stale_and_taken_over() {
 fn list_is_sorted_and_complete() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    for (skill, r) in [("pr-triage", "b/x"), ("issue-triage", "Zed/a"), ("issue-triage", "apache/b"), ("a1", "o/r")] {
-        env.cmd(&repo).args(["acquire", skill, "--repo", r]).run().expect(0, "acquired");
+    for (skill, r) in [
+        ("pr-triage", "b/x"),
+        ("issue-triage", "Zed/a"),
+        ("issue-triage", "apache/b"),
+        ("a1", "o/r"),
+    ] {
+        env.cmd(&repo)
+            .args(["acquire", skill, "--repo", r])
+            .run()
+            .expect(0, "acquired");
     }
     let out = env.cmd(&repo).arg("list").run();
     let v = out.expect(0, "list");
@@ -341,9 +588,19 @@ fn list_is_sorted_and_complete() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|l| (l["skill"].as_str().unwrap().to_owned(), l["repo"].as_str().unwrap().to_owned()))
+        .map(|l| {
+            (
+                l["skill"].as_str().unwrap().to_owned(),
+                l["repo"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    let want = [("a1", "o/r"), ("issue-triage", "apache/b"), ("issue-triage", "Zed/a"), ("pr-triage", "b/x")];
+    let want = [
+        ("a1", "o/r"),
+        ("issue-triage", "apache/b"),
+        ("issue-triage", "Zed/a"),
+        ("pr-triage", "b/x"),
+    ];
     assert_eq!(got, want.map(|(a, b)| (a.to_owned(), b.to_owned())));
     for l in v["locks"].as_array().unwrap() {
         assert_eq!(l["state"], "held");
@@ -351,12 +608,20 @@ fn list_is_sorted_and_complete() {
         assert!(l["expires_in"].as_u64().unwrap() > 7000);
     }
     assert_eq!(v["tombstones"], 0);
-    assert!(v["store"].as_str().unwrap().ends_with(".git/apache-magpie/run/locks"));
+    assert!(
+        v["store"]
+            .as_str()
+            .unwrap()
+            .ends_with(".git/apache-magpie/run/locks")
+    );
     // Read-only in a fresh checkout: creates nothing.
     let fresh = env.git_repo("fresh");
     let before = tree(&fresh);
     env.cmd(&fresh).arg("list").run().expect(0, "list");
-    env.cmd(&fresh).args(["status", "s", "--repo", "o/r"]).run().expect(0, "status");
+    env.cmd(&fresh)
+        .args(["status", "s", "--repo", "o/r"])
+        .run()
+        .expect(0, "status");
     assert_eq!(tree(&fresh), before);
 }
 
@@ -371,7 +636,10 @@ fn bad_input_is_refused_with_nothing_created() {
         (&["acquire", ".x", "--repo", "a/b"], "invalid_skill"),
         (&["acquire", "a/b", "--repo", "a/b"], "invalid_skill"),
         (&["acquire", "a@b", "--repo", "a/b"], "invalid_skill"),
-        (&["acquire", &"s".repeat(65), "--repo", "a/b"], "invalid_skill"),
+        (
+            &["acquire", &"s".repeat(65), "--repo", "a/b"],
+            "invalid_skill",
+        ),
         (&["acquire", "s", "--repo", "ab"], "invalid_repo"),
         (&["acquire", "s", "--repo", "a/b/c"], "invalid_repo"),
         (&["acquire", "s", "--repo", "../b"], "invalid_repo"),
@@ -379,22 +647,55 @@ fn bad_input_is_refused_with_nothing_created() {
         (&["acquire", "s", "--repo", "a__x/b"], "invalid_repo"),
         (&["acquire", "s", "--repo", "a_/b"], "invalid_repo"),
         (&["acquire", "s", "--repo", "a b/c"], "invalid_repo"),
-        (&["acquire", "s", "--repo", &format!("{}/b", "o".repeat(101))], "invalid_repo"),
-        (&["acquire", "s", "--repo", "a/b", "--ttl", "0"], "invalid_ttl"),
-        (&["acquire", "s", "--repo", "a/b", "--ttl", "2592001"], "invalid_ttl"),
-        (&["acquire", "s", "--repo", "a/b", "--ttl", "ten"], "invalid_ttl"),
-        (&["renew", "s", "--repo", "a/b", "--ttl", "-5"], "invalid_ttl"),
-        (&["acquire", "s", "--repo", "a/b", "--note", "two\nlines"], "invalid_note"),
-        (&["acquire", "s", "--repo", "a/b", "--note", &"n".repeat(1001)], "invalid_note"),
-        (&["acquire", "s", "--repo", "a/b", "--owner-pid", "0"], "invalid_pid"),
-        (&["acquire", "s", "--repo", "a/b", "--owner-pid", "abc"], "invalid_pid"),
-        (&["acquire", "s", "--repo", "a/b", "--owner-pid", "2147483647"], "invalid_pid"),
+        (
+            &["acquire", "s", "--repo", &format!("{}/b", "o".repeat(101))],
+            "invalid_repo",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--ttl", "0"],
+            "invalid_ttl",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--ttl", "2592001"],
+            "invalid_ttl",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--ttl", "ten"],
+            "invalid_ttl",
+        ),
+        (
+            &["renew", "s", "--repo", "a/b", "--ttl", "-5"],
+            "invalid_ttl",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--note", "two\nlines"],
+            "invalid_note",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--note", &"n".repeat(1001)],
+            "invalid_note",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--owner-pid", "0"],
+            "invalid_pid",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--owner-pid", "abc"],
+            "invalid_pid",
+        ),
+        (
+            &["acquire", "s", "--repo", "a/b", "--owner-pid", "2147483647"],
+            "invalid_pid",
+        ),
         (&["acquire", "s"], "usage"),
         (&["check", "s", "--repo", "a/b"], "usage"),
         (&["frobnicate"], "usage"),
         (&[], "usage"),
         (&["acquire", "s", "--repo", "a/b", "--bogus"], "usage"),
-        (&["acquire", "s", "--repo", "a/b", "--store", "redis://x"], "usage"),
+        (
+            &["acquire", "s", "--repo", "a/b", "--store", "redis://x"],
+            "usage",
+        ),
     ];
     for (args, code) in cases {
         let out = env.cmd(&repo).args(*args).run();
@@ -408,7 +709,10 @@ fn bad_input_is_refused_with_nothing_created() {
         .run()
         .expect(0, "status");
     assert_eq!(tree(&repo), before, "bad input created files");
-    env.cmd(&repo).args(["acquire", "s", "--repo", "a/b", "--note", &note]).run().expect(0, "acquired");
+    env.cmd(&repo)
+        .args(["acquire", "s", "--repo", "a/b", "--note", &note])
+        .run()
+        .expect(0, "acquired");
 }
 
 #[test]
@@ -418,9 +722,18 @@ fn non_utf8_arguments_are_refused() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let bad = OsStr::from_bytes(b"s\xff");
-    let out = env.cmd(&repo).arg("acquire").arg(bad).args(["--repo", "a/b"]).run();
+    let out = env
+        .cmd(&repo)
+        .arg("acquire")
+        .arg(bad)
+        .args(["--repo", "a/b"])
+        .run();
     out.expect_error("invalid_skill");
-    let out = env.cmd(&repo).args(["acquire", "s", "--repo", "a/b", "--note"]).arg(bad).run();
+    let out = env
+        .cmd(&repo)
+        .args(["acquire", "s", "--repo", "a/b", "--note"])
+        .arg(bad)
+        .run();
     out.expect_error("invalid_note");
 }
 
@@ -429,11 +742,26 @@ fn help_and_version_are_text_and_exit_zero() {
     let env = TestEnv::new();
     let h = env.cmd(&env.root).arg("--help").run();
     assert_eq!(h.code, 0);
-    for word in ["acquire", "renew", "release", "status", "list", "check", "history", "Exit status"] {
+    for word in [
+        "acquire",
+        "renew",
+        "release",
+        "status",
+        "list",
+        "check",
+        "history",
+        "Exit status",
+    ] {
         assert!(h.stdout.contains(word), "--help lacks {word}");
     }
     let v = env.cmd(&env.root).arg("--version").run();
-    assert_eq!((v.code, v.stdout.trim()), (0, format!("skill-lock {}", env!("CARGO_PKG_VERSION")).as_str()));
+    assert_eq!(
+        (v.code, v.stdout.trim()),
+        (
+            0,
+            format!("skill-lock {}", env!("CARGO_PKG_VERSION")).as_str()
+        )
+    );
     let a = env.cmd(&env.root).args(["acquire", "--help"]).run();
     assert!(a.code == 0 && a.stdout.contains("--owner-pid"));
 }
@@ -444,17 +772,41 @@ fn file_store_url_and_environment_select_another_directory() {
     let elsewhere = env.dir("shared-locks");
     let nowhere = env.dir("no-root-needed");
     let url = format!("file:{}", elsewhere.display());
-    let a = env.cmd(&nowhere).args(["acquire", "s", "--repo", "o/r", "--store", &url]).run();
+    let a = env
+        .cmd(&nowhere)
+        .args(["acquire", "s", "--repo", "o/r", "--store", &url])
+        .run();
     let a = a.expect(0, "acquired");
-    assert!(a["lock"].as_str().unwrap().starts_with(&format!("{}/run/locks/", elsewhere.display())));
-    let held = env.cmd(&nowhere).env("SKILL_LOCK_STORE", &url).args(["acquire", "s", "--repo", "o/r"]).run();
+    assert!(
+        a["lock"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}/run/locks/", elsewhere.display()))
+    );
+    let held = env
+        .cmd(&nowhere)
+        .env("SKILL_LOCK_STORE", &url)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
     let held = held.expect(3, "already_running");
-    assert!(held["hint"].as_str().unwrap().ends_with(&format!("--force --store {url}")));
+    assert!(
+        held["hint"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("--force --store {url}"))
+    );
     // The personal layer's skill-lock.toml.
     let repo = env.git_repo("r");
     std::fs::create_dir_all(repo.join(".git/apache-magpie")).unwrap();
-    std::fs::write(repo.join(".git/apache-magpie/skill-lock.toml"), format!("store = \"{url}\"\n")).unwrap();
-    env.cmd(&repo).args(["acquire", "s", "--repo", "o/r"]).run().expect(3, "already_running");
+    std::fs::write(
+        repo.join(".git/apache-magpie/skill-lock.toml"),
+        format!("store = \"{url}\"\n"),
+    )
+    .unwrap();
+    env.cmd(&repo)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run()
+        .expect(3, "already_running");
 }
 
 #[test]
@@ -466,24 +818,74 @@ fn history_tells_who_held_it() {
     let b = acquire(&env, &repo, &["--note", "second"]);
     let tb = b["token"].as_str().unwrap().to_owned();
     env.cmd(&repo)
-        .args(["release", "issue-triage", "--repo", "apache/airflow", "--token", a["token"].as_str().unwrap()])
+        .args([
+            "release",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            a["token"].as_str().unwrap(),
+        ])
         .run()
         .expect(4, "refused");
     env.cmd(&repo)
-        .args(["renew", "issue-triage", "--repo", "apache/airflow", "--token", &tb])
+        .args([
+            "renew",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--token",
+            &tb,
+        ])
         .run()
         .expect(0, "renewed");
-    env.cmd(&repo).args(["release", "issue-triage", "--repo", "apache/airflow", "--force"]).run().expect(0, "released");
-    env.cmd(&repo).args(["acquire", "other", "--repo", "o/r"]).run().expect(0, "acquired");
-    let h = env.cmd(&repo).args(["history", "issue-triage", "--repo", "apache/airflow"]).run();
+    env.cmd(&repo)
+        .args([
+            "release",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+            "--force",
+        ])
+        .run()
+        .expect(0, "released");
+    env.cmd(&repo)
+        .args(["acquire", "other", "--repo", "o/r"])
+        .run()
+        .expect(0, "acquired");
+    let h = env
+        .cmd(&repo)
+        .args(["history", "issue-triage", "--repo", "apache/airflow"])
+        .run();
     let h = h.expect(0, "history");
-    let kinds: Vec<&str> = h["events"].as_array().unwrap().iter().map(|e| e["event"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["acquired", "took_over", "acquired", "refused", "renewed", "forced_release"]);
+    let kinds: Vec<&str> = h["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "acquired",
+            "took_over",
+            "acquired",
+            "refused",
+            "renewed",
+            "forced_release"
+        ]
+    );
     let ev = &h["events"];
-    assert_eq!((ev[0]["fence"].as_u64(), ev[0]["note"].as_str()), (Some(1), Some("first")));
+    assert_eq!(
+        (ev[0]["fence"].as_u64(), ev[0]["note"].as_str()),
+        (Some(1), Some("first"))
+    );
     assert_eq!(ev[1]["reason"], "expired");
     assert_eq!(ev[1]["previous"]["note"], "first");
-    assert_eq!((ev[2]["fence"].as_u64(), ev[2]["note"].as_str()), (Some(2), Some("second")));
+    assert_eq!(
+        (ev[2]["fence"].as_u64(), ev[2]["note"].as_str()),
+        (Some(2), Some("second"))
+    );
     assert_eq!(ev[5]["previous"]["fence"], 2);
     let all = env.cmd(&repo).args(["history", "--limit", "2"]).run();
     let all = all.expect(0, "history");

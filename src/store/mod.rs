@@ -6,6 +6,8 @@
 //! that under a per-lock `flock` guard; a network store does it with a
 //! compare-and-swap transaction, re-running the decision when it lost a race.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod fs;
 
 use crate::error::Result;
@@ -138,4 +140,54 @@ pub trait Store {
     /// # Errors
     /// I/O or network failure.
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>>;
+}
+
+/// The store chosen for an invocation (SPEC §8).
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// Lock directories in a personal layer or `file:DIR`.
+    File(fs::FileStore),
+    /// Keys in an etcd cluster.
+    #[cfg(feature = "etcd")]
+    Etcd(etcd::EtcdStore),
+}
+
+macro_rules! each_store {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::File($s) => $e,
+            #[cfg(feature = "etcd")]
+            AnyStore::Etcd($s) => $e,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    fn describe(&self) -> String {
+        each_store!(self, s => s.describe())
+    }
+
+    fn location(&self, key: &LockKey) -> String {
+        each_store!(self, s => s.location(key))
+    }
+
+    fn read(&self, key: &LockKey) -> Result<Current> {
+        each_store!(self, s => s.read(key))
+    }
+
+    fn update<T>(
+        &self,
+        key: &LockKey,
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
+    ) -> Result<Committed<T>> {
+        each_store!(self, s => s.update(key, decide))
+    }
+
+    fn list(&self) -> Result<Listing> {
+        each_store!(self, s => s.list())
+    }
+
+    fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
+        each_store!(self, s => s.history(key, limit))
+    }
 }

@@ -34,14 +34,30 @@ impl TestEnv {
         let dir = self.path(rel);
         std::fs::create_dir_all(&dir).unwrap();
         git(&dir, &["init", "-q", "-b", "main"]);
-        git(&dir, &["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init"]);
+        git(
+            &dir,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                "init",
+            ],
+        );
         dir
     }
 
     /// A linked worktree of `repo` at `rel`.
     pub fn worktree(&self, repo: &Path, rel: &str) -> PathBuf {
         let dir = self.path(rel);
-        git(repo, &["worktree", "add", "-q", "-b", rel, dir.to_str().unwrap()]);
+        git(
+            repo,
+            &["worktree", "add", "-q", "-b", rel, dir.to_str().unwrap()],
+        );
         dir
     }
 
@@ -115,7 +131,11 @@ impl Cmd {
     }
 
     pub fn run(mut self) -> Out {
-        let out = self.inner.stdin(Stdio::null()).output().expect("binary runs");
+        let out = self
+            .inner
+            .stdin(Stdio::null())
+            .output()
+            .expect("binary runs");
         Out::from(out)
     }
 }
