@@ -1,0 +1,194 @@
+//! TLS to etcd (`etcds://` with `SKILL_LOCK_ETCD_CA`, and client certificates
+//! with `SKILL_LOCK_ETCD_CERT`/`_KEY`), against a node started with a
+//! throwaway CA made here by `openssl`. Skipped visibly without etcd/openssl;
+//! mandatory under `SKILL_LOCK_TEST_ETCD_REQUIRED=1`.
+
+mod common;
+
+use common::{Cmd, TestEnv};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn run(dir: &Path, args: &[&str]) {
+    let st = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "openssl {args:?}");
+}
+
+/// CA, a server certificate for 127.0.0.1, and a client certificate.
+fn make_pki(dir: &Path) {
+    run(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=skill-lock test CA",
+        ],
+    );
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .unwrap();
+    for name in ["server", "client"] {
+        run(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+        run(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "2",
+                "-extfile",
+                "san.ext",
+            ],
+        );
+    }
+}
+
+#[test]
+fn etcds_with_a_private_ca_and_client_certificates() {
+    let have = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok()
+        && Command::new("openssl")
+            .arg("version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok();
+    if !have {
+        assert!(
+            std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
+            "etcd and openssl are required"
+        );
+        eprintln!("SKIPPED: etcd TLS test (needs etcd and openssl)");
+        return;
+    }
+    let env = TestEnv::new();
+    let pki = env.dir("pki");
+    make_pki(&pki);
+    let p = |f: &str| pki.join(f).display().to_string();
+    let client_url = "https://127.0.0.1:24401";
+    let mut etcd = Command::new("etcd")
+        .args(["--name", "tls", "--data-dir"])
+        .arg(env.path("data"))
+        .args([
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            "http://127.0.0.1:24411",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:24411",
+        ])
+        .args([
+            "--initial-cluster",
+            "tls=http://127.0.0.1:24411",
+            "--heartbeat-interval",
+            "10",
+            "--election-timeout",
+            "100",
+        ])
+        .args([
+            "--cert-file",
+            &p("server.pem"),
+            "--key-file",
+            &p("server.key"),
+        ])
+        .args(["--client-cert-auth", "--trusted-ca-file", &p("ca.pem")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cwd = env.dir("w");
+    let url = "etcds://127.0.0.1:24401";
+    let with_tls = |cmd: Cmd| {
+        cmd.env("SKILL_LOCK_ETCD_CA", p("ca.pem"))
+            .env("SKILL_LOCK_ETCD_CERT", p("client.pem"))
+            .env("SKILL_LOCK_ETCD_KEY", p("client.key"))
+            .env("SKILL_LOCK_ETCD_TIMEOUT", "3")
+    };
+    let start = Instant::now();
+    let token = loop {
+        let a = with_tls(Cmd::new(&cwd))
+            .args(["acquire", "s", "--repo", "o/r", "--store", url])
+            .run();
+        if a.code == 0 {
+            break a.json["token"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "TLS acquire never worked: {}",
+            a.stdout
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    with_tls(Cmd::new(&cwd))
+        .args(["acquire", "s", "--repo", "o/r", "--store", url])
+        .run()
+        .expect(3, "already_running");
+    // Without our CA the server is not trusted; without a client certificate it refuses us.
+    let untrusted = Cmd::new(&cwd)
+        .env("SKILL_LOCK_ETCD_TIMEOUT", "2")
+        .args(["status", "s", "--repo", "o/r", "--store", url])
+        .run();
+    untrusted.expect_error("store_unavailable");
+    let anonymous = Cmd::new(&cwd)
+        .env("SKILL_LOCK_ETCD_CA", p("ca.pem"))
+        .env("SKILL_LOCK_ETCD_TIMEOUT", "2")
+        .args(["status", "s", "--repo", "o/r", "--store", url])
+        .run();
+    anonymous.expect_error("store_unavailable");
+    with_tls(Cmd::new(&cwd))
+        .args([
+            "release", "s", "--repo", "o/r", "--token", &token, "--store", url,
+        ])
+        .run()
+        .expect(0, "released");
+    let _ = etcd.kill();
+    let _ = etcd.wait();
+}
