@@ -562,6 +562,36 @@ pub fn command() -> clap::Command {
     Cli::command()
 }
 
+/// clap's complaint on one line, without its usage block.
+fn usage_message(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let body: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    let body = body.join(" ");
+    let body = body.trim_start_matches("error: ");
+    format!("{body}; run 'skill-lock --help' for usage")
+}
+
+/// The command word of an argument list that clap refused (skipping the
+/// global options and their values), to route `run`'s error to stderr.
+fn command_word(args: &[OsString]) -> Option<&str> {
+    let mut it = args.iter().skip(1).filter_map(|a| a.to_str());
+    while let Some(a) = it.next() {
+        match a {
+            "--root" | "--store" => {
+                it.next();
+            }
+            _ if a.starts_with('-') => {}
+            word => return Some(word),
+        }
+    }
+    None
+}
+
 /// Runs one invocation: parses `args` (program name first), acts, prints
 /// exactly one JSON object (or help/version text) and returns the exit status.
 pub fn run<I, T>(args: I) -> u8
@@ -569,7 +599,8 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -577,15 +608,8 @@ where
                 let _ = e.print();
                 return 0;
             }
-            let text = e.render().to_string();
-            let first = text
-                .lines()
-                .next()
-                .unwrap_or("bad arguments")
-                .trim_start_matches("error: ");
-            let err = Error::Usage(format!("{first}; run 'skill-lock --help' for usage"));
-            let report = Report::error(&err);
-            report.emit(false);
+            let report = Report::error(&Error::Usage(usage_message(&e)));
+            report.emit(command_word(&args) == Some("run"));
             return report.exit;
         }
     };

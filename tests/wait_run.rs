@@ -1,0 +1,678 @@
+//! `acquire --wait` (SPEC §2.1) and `run` (SPEC §2.7) with real processes,
+//! each test in its own temporary git repository.
+//!
+//! Timing bounds are deliberately generous: a bound only catches "never
+//! waited" or "waited far too long", never a few hundred milliseconds.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{BIN, Out, TestEnv, Value};
+
+const SKILL: &str = "s";
+const REPO: &str = "o/r";
+
+/// The binary with `args` in `cwd`, ready to spawn. The forwarded signals
+/// get their default disposition first, so that a harness started with
+/// SIGINT ignored (a background job of a non-interactive shell) does not make
+/// CMD ignore it too.
+fn command(env: &TestEnv, cwd: &Path, args: &[&str]) -> Command {
+    let mut cmd = env.cmd(cwd).args(args).command();
+    // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// Starts the binary with stdin closed and stdout/stderr captured.
+fn spawn(env: &TestEnv, cwd: &Path, args: &[&str]) -> Child {
+    command(env, cwd, args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary starts")
+}
+
+/// Waits for `child` and its output, at most `limit`; kills it and fails
+/// the test when it takes longer.
+#[track_caller]
+fn finish(child: Child, limit: Duration) -> Output {
+    let pid = pid_of(&child);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait for the binary"),
+        Err(_) => {
+            signal(pid, libc::SIGKILL);
+            panic!("pid {pid} still running after {limit:?}");
+        }
+    }
+}
+
+fn pid_of(child: &Child) -> i32 {
+    i32::try_from(child.id()).expect("pid fits in i32")
+}
+
+fn signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: plain kill(2) on a process this test started.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// The last line of `run`'s standard error, which must be its JSON object.
+#[track_caller]
+fn last_json(stderr: &str) -> Value {
+    let last = stderr.lines().last().unwrap_or("");
+    serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("last stderr line is not JSON ({e}): {stderr:?}"))
+}
+
+/// A one-shot invocation of the binary in `cwd`.
+fn lock(env: &TestEnv, cwd: &Path, args: &[&str]) -> Out {
+    env.cmd(cwd).args(args).run()
+}
+
+fn acquire(env: &TestEnv, cwd: &Path, extra: &[&str]) -> Out {
+    let mut args = vec!["acquire", SKILL, "--repo", REPO];
+    args.extend_from_slice(extra);
+    lock(env, cwd, &args)
+}
+
+/// The `status` object of the lock.
+#[track_caller]
+fn status(env: &TestEnv, cwd: &Path) -> Value {
+    lock(env, cwd, &["status", SKILL, "--repo", REPO])
+        .expect(0, "status")
+        .clone()
+}
+
+/// Polls `f` every 20 ms until it gives a value; fails after `limit`.
+#[track_caller]
+fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "not {what} after {limit:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the lock is held (by whoever).
+#[track_caller]
+fn until_held(env: &TestEnv, cwd: &Path) -> Value {
+    until(Duration::from_secs(10), "held", || {
+        let s = status(env, cwd);
+        (s["state"] == "held").then_some(s)
+    })
+}
+
+/// Reads a file that a shell writes with `echo ... > F`, once complete.
+#[track_caller]
+fn until_file(path: &Path) -> String {
+    until(Duration::from_secs(10), "written", || {
+        std::fs::read_to_string(path)
+            .ok()
+            .filter(|s| s.ends_with('\n'))
+    })
+}
+
+#[track_caller]
+fn assert_free(env: &TestEnv, cwd: &Path) {
+    let s = status(env, cwd);
+    assert_eq!(s["state"], "free", "{s}");
+}
+
+/// Is `pid` gone (no such process, or a zombie nobody has reaped yet)?
+fn gone(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks for existence.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    // An orphan's new parent may not reap it at once: a zombie has stopped.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+// ---------------------------------------------------------------- --wait
+
+#[test]
+fn waiter_acquires_when_a_short_lease_ends() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let first = acquire(&env, &repo, &["--ttl", "2"]);
+    let fence = first.expect(0, "acquired")["fence"].as_u64().unwrap();
+    let start = Instant::now();
+    let waited = acquire(&env, &repo, &["--wait", "10"]);
+    let elapsed = start.elapsed();
+    let v = waited.expect(0, "acquired");
+    assert_eq!(v["took_over"]["reason"], "expired", "{v}");
+    assert_eq!(v["took_over"]["holder"]["fence"], fence, "{v}");
+    assert!(v["fence"].as_u64().unwrap() > fence, "{v}");
+    assert!(
+        elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(8),
+        "a 2 s lease was taken over after {elapsed:?}"
+    );
+}
+
+#[test]
+fn waiter_gives_up_on_time() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    acquire(&env, &repo, &["--ttl", "600"]).expect(0, "acquired");
+    let start = Instant::now();
+    let waited = acquire(&env, &repo, &["--wait", "1"]);
+    let elapsed = start.elapsed();
+    let v = waited.expect(3, "already_running");
+    assert!(v["holder"].is_object(), "{v}");
+    assert!(v.get("token").is_none(), "{v}");
+    assert!(
+        elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(5),
+        "--wait 1 gave up after {elapsed:?}"
+    );
+    // The holder is untouched.
+    assert_eq!(status(&env, &repo)["state"], "held");
+}
+
+#[test]
+fn waiter_acquires_promptly_after_a_release() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    acquire(&env, &repo, &[]).expect(0, "acquired");
+    let mut waiter = spawn(
+        &env,
+        &repo,
+        &["acquire", SKILL, "--repo", REPO, "--wait", "20"],
+    );
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the waiter ended while the lock was held"
+    );
+    lock(&env, &repo, &["release", SKILL, "--repo", REPO]).expect(0, "released");
+    let released = Instant::now();
+    let out = Out::from(finish(waiter, Duration::from_secs(15)));
+    let v = out.expect(0, "acquired");
+    assert!(v["took_over"].is_null(), "{v}");
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the waiter took {:?} after the release",
+        released.elapsed()
+    );
+    assert_eq!(status(&env, &repo)["state"], "held");
+}
+
+// ------------------------------------------------------------------ run
+
+#[test]
+fn ten_waiting_runs_take_turns_without_overlap() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let witness = env.path("witness");
+    let w = witness.to_str().unwrap();
+    let script = r#"echo enter $$ >> "$1"; sleep 0.2; echo exit $$ >> "$1""#;
+    let runs: Vec<Child> = (0..10)
+        .map(|_| {
+            spawn(
+                &env,
+                &repo,
+                &[
+                    "run", SKILL, "--repo", REPO, "--wait", "60", "--", "sh", "-c", script, "sh", w,
+                ],
+            )
+        })
+        .collect();
+    let outs: Vec<Output> = runs
+        .into_iter()
+        .map(|c| finish(c, Duration::from_secs(60)))
+        .collect();
+
+    let mut fences = Vec::new();
+    for out in &outs {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let v = last_json(&stderr);
+        assert_eq!(v["result"], "ran", "{v}");
+        assert_eq!(v["exit_status"], 0, "{v}");
+        assert_eq!(v["released"], true, "{v}");
+        assert_eq!(v["lost"], false, "{v}");
+        fences.push(v["fence"].as_u64().expect("fence"));
+    }
+    let mut distinct = fences.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 10, "fences not distinct: {fences:?}");
+
+    let text = std::fs::read_to_string(&witness).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 20, "{text}");
+    for pair in lines.chunks(2) {
+        let enter = pair[0].strip_prefix("enter ");
+        let exit = pair[1].strip_prefix("exit ");
+        assert!(
+            enter.is_some() && enter == exit,
+            "overlapping critical sections: {pair:?} in\n{text}"
+        );
+    }
+    assert_free(&env, &repo);
+}
+
+#[test]
+fn run_passes_stdio_through_and_exits_with_the_status_of_cmd() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+
+    // stdin -> cat -> stdout, byte for byte, no trailing newline.
+    let input: &[u8] = b"\x00\xff\xfebinary\n\x80\xc3(line two, no newline";
+    let mut child = command(&env, &repo, &["run", SKILL, "--repo", REPO, "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = thread::spawn(move || {
+        stdin.write_all(input).unwrap();
+    });
+    let out = finish(child, Duration::from_secs(20));
+    feeder.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(out.stdout, input, "stdout differs from stdin");
+    let v = last_json(&stderr);
+    assert_eq!(
+        (v["result"].as_str(), v["exit_status"].as_u64()),
+        (Some("ran"), Some(0)),
+        "{v}"
+    );
+    assert_free(&env, &repo);
+
+    // Exit status passthrough; CMD's own stderr comes before the JSON line.
+    let out = finish(
+        spawn(
+            &env,
+            &repo,
+            &[
+                "run",
+                SKILL,
+                "--repo",
+                REPO,
+                "--",
+                "sh",
+                "-c",
+                "echo cmd-out; echo cmd-err-1 >&2; echo cmd-err-2 >&2; exit 7",
+            ],
+        ),
+        Duration::from_secs(20),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert_eq!(out.stdout, b"cmd-out\n", "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    let pos = |needle: &str| lines.iter().position(|l| *l == needle);
+    let (e1, e2) = (pos("cmd-err-1"), pos("cmd-err-2"));
+    assert!(
+        e1.is_some() && e1 < e2 && e2 < Some(lines.len() - 1),
+        "CMD's stderr must come before the JSON line: {stderr:?}"
+    );
+    let v = last_json(&stderr);
+    assert_eq!(v["result"], "ran", "{v}");
+    assert_eq!(v["exit_status"], 7, "{v}");
+    assert!(v["signal"].is_null(), "{v}");
+    assert_eq!(v["released"], true, "{v}");
+    assert_eq!(v["skill"], SKILL, "{v}");
+    assert_eq!(v["repo"], REPO, "{v}");
+    assert!(
+        v.get("token").is_none(),
+        "run must not print the token: {v}"
+    );
+    assert_free(&env, &repo);
+}
+
+#[test]
+fn run_gives_cmd_its_token_and_fence() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let script = r#"echo "$SKILL_LOCK_FENCE"; "$1" check s --repo o/r --token "$SKILL_LOCK_TOKEN" >/dev/null; echo "check=$?""#;
+    let out = finish(
+        spawn(
+            &env,
+            &repo,
+            &[
+                "run", SKILL, "--repo", REPO, "--", "sh", "-c", script, "sh", BIN,
+            ],
+        ),
+        Duration::from_secs(20),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v = last_json(&stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout, format!("{}\ncheck=0\n", v["fence"]), "{stderr}");
+}
+
+#[test]
+fn run_refuses_when_held_and_does_not_run_cmd() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    acquire(&env, &repo, &[]).expect(0, "acquired");
+    let marker = env.path("MARKER");
+    let out = lock(
+        &env,
+        &repo,
+        &[
+            "run",
+            SKILL,
+            "--repo",
+            REPO,
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert_eq!(out.stdout, "", "nothing on stdout when refused");
+    let v = last_json(&out.stderr);
+    assert_eq!(v["result"], "already_running", "{v}");
+    assert!(v["holder"].is_object(), "{v}");
+    assert!(!marker.exists(), "CMD ran although the lock was held");
+    assert_eq!(status(&env, &repo)["state"], "held");
+}
+
+#[test]
+fn run_forwards_sigterm_to_cmd_and_releases() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let got = env.path("F");
+    let ready = env.path("R");
+    let script = r#"trap 'echo got-term > "$1"; exit 5' TERM; echo ready > "$2"; while :; do sleep 0.05; done"#;
+    let child = spawn(
+        &env,
+        &repo,
+        &[
+            "run",
+            SKILL,
+            "--repo",
+            REPO,
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            got.to_str().unwrap(),
+            ready.to_str().unwrap(),
+        ],
+    );
+    let held = until_held(&env, &repo);
+    assert_eq!(held["holder"]["owner_pid"], child.id(), "{held}");
+    until_file(&ready);
+    signal(pid_of(&child), libc::SIGTERM);
+    let out = finish(child, Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap_or_default(),
+        "got-term\n"
+    );
+    let v = last_json(&stderr);
+    assert_eq!(v["result"], "ran", "{v}");
+    assert_eq!(v["exit_status"], 5, "{v}");
+    assert_eq!(v["released"], true, "{v}");
+    assert_free(&env, &repo);
+}
+
+#[test]
+fn run_forwards_sigint_and_sighup_and_reports_128_plus_signal() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGHUP, 129)] {
+        let ready = env.path(&format!("P{sig}"));
+        let child = spawn(
+            &env,
+            &repo,
+            &[
+                "run",
+                SKILL,
+                "--repo",
+                REPO,
+                "--",
+                "sh",
+                "-c",
+                r#"echo $$ > "$1"; exec sleep 30"#,
+                "sh",
+                ready.to_str().unwrap(),
+            ],
+        );
+        until_file(&ready);
+        until_held(&env, &repo);
+        // Let `run` learn CMD's pid (it does right after the exec).
+        thread::sleep(Duration::from_millis(100));
+        signal(pid_of(&child), sig);
+        let out = finish(child, Duration::from_secs(20));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "signal {sig}: {stderr}");
+        let v = last_json(&stderr);
+        assert_eq!(v["result"], "ran", "{v}");
+        assert_eq!(v["exit_status"], code, "{v}");
+        assert_eq!(v["signal"], sig, "{v}");
+        assert_eq!(v["released"], true, "{v}");
+        assert_free(&env, &repo);
+    }
+}
+
+#[test]
+fn renewal_keeps_the_lock_past_its_ttl() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let started = Instant::now();
+    let child = spawn(
+        &env,
+        &repo,
+        &[
+            "run", SKILL, "--repo", REPO, "--ttl", "2", "--", "sleep", "5",
+        ],
+    );
+    until_held(&env, &repo);
+    thread::sleep(Duration::from_millis(3500).saturating_sub(started.elapsed()));
+    let other = acquire(&env, &repo, &[]);
+    let v = other.expect(3, "already_running");
+    assert_eq!(v["holder"]["owner_pid"], child.id(), "{v}");
+    let out = finish(child, Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v = last_json(&stderr);
+    assert_eq!(v["exit_status"], 0, "{v}");
+    assert!(v["renewals"].as_u64().unwrap() >= 2, "{v}");
+    assert_eq!(v["lost"], false, "{v}");
+    assert_eq!(v["released"], true, "{v}");
+    assert_free(&env, &repo);
+}
+
+#[test]
+fn a_forced_release_stops_cmd() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let child = spawn(
+        &env,
+        &repo,
+        &[
+            "run", SKILL, "--repo", REPO, "--ttl", "3", "--", "sleep", "30",
+        ],
+    );
+    until_held(&env, &repo);
+    let forced = lock(&env, &repo, &["release", SKILL, "--repo", REPO, "--force"]);
+    assert_eq!(forced.expect(0, "released")["forced"], true);
+    let start = Instant::now();
+    let out = finish(child, Duration::from_secs(15));
+    let elapsed = start.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(
+        elapsed < Duration::from_secs(8),
+        "CMD stopped {elapsed:?} after the lease was lost"
+    );
+    let v = last_json(&stderr);
+    assert_eq!(v["result"], "ran", "{v}");
+    assert_eq!(v["lost"], true, "{v}");
+    assert_eq!(v["exit_status"], 143, "{v}");
+    assert_eq!(v["signal"], libc::SIGTERM, "{v}");
+    let said = stderr.to_lowercase();
+    assert!(
+        said.contains("lost") || said.contains("released"),
+        "stderr does not say the lease was lost: {stderr}"
+    );
+    assert_free(&env, &repo);
+}
+
+#[test]
+fn a_lease_lost_to_a_newcomer_stops_cmd_and_leaves_the_newcomer_alone() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let child = spawn(
+        &env,
+        &repo,
+        &[
+            "run", SKILL, "--repo", REPO, "--ttl", "3", "--", "sleep", "30",
+        ],
+    );
+    until_held(&env, &repo);
+    lock(&env, &repo, &["release", SKILL, "--repo", REPO, "--force"]).expect(0, "released");
+    let newcomer = acquire(&env, &repo, &["--ttl", "600"]);
+    let fence = newcomer.expect(0, "acquired")["fence"].as_u64().unwrap();
+    let out = finish(child, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    let v = last_json(&stderr);
+    assert_eq!(v["lost"], true, "{v}");
+    assert_eq!(v["released"], false, "{v}");
+    let s = status(&env, &repo);
+    assert_eq!(
+        (s["state"].as_str(), s["holder"]["fence"].as_u64()),
+        (Some("held"), Some(fence)),
+        "run released the newcomer's lock: {s}"
+    );
+}
+
+#[test]
+fn sigkill_of_run_makes_the_lock_stale_at_once() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let pidfile = env.path("P");
+    let mut child = command(
+        &env,
+        &repo,
+        &[
+            "run",
+            SKILL,
+            "--repo",
+            REPO,
+            "--",
+            "sh",
+            "-c",
+            r#"echo $$ > "$1"; exec sleep 30"#,
+            "sh",
+            pidfile.to_str().unwrap(),
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let cmd_pid: i32 = until_file(&pidfile).trim().parse().unwrap();
+    until_held(&env, &repo);
+    signal(pid_of(&child), libc::SIGKILL);
+    let killed = Instant::now();
+    child.wait().unwrap();
+
+    let s = status(&env, &repo);
+    assert_eq!(
+        (s["state"].as_str(), s["stale_reason"].as_str()),
+        (Some("stale"), Some("owner_dead")),
+        "{s}"
+    );
+    let taken = acquire(&env, &repo, &[]);
+    let v = taken.expect(0, "acquired");
+    assert_eq!(v["took_over"]["reason"], "owner_dead", "{v}");
+    assert_eq!(v["took_over"]["holder"]["owner_pid"], child.id(), "{v}");
+
+    if cfg!(target_os = "linux") {
+        // The orphaned CMD got SIGTERM through the parent-death signal.
+        while !gone(cmd_pid) {
+            if killed.elapsed() > Duration::from_secs(2) {
+                // SAFETY: kill(2) on the orphan this test made.
+                unsafe { libc::kill(cmd_pid, libc::SIGKILL) };
+                panic!("CMD (pid {cmd_pid}) still alive 2 s after run was SIGKILLed");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn run_without_a_command_is_a_usage_error_on_stderr() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    for args in [
+        &["run", SKILL, "--repo", REPO, "--"][..],
+        &["run", SKILL, "--repo", REPO][..],
+    ] {
+        let out = lock(&env, &repo, args);
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert_eq!(
+            out.stdout, "",
+            "{args:?}: run's JSON goes to stderr (SPEC §2.7)"
+        );
+        let v = last_json(&out.stderr);
+        assert_eq!(
+            (v["result"].as_str(), v["error"].as_str()),
+            (Some("error"), Some("usage")),
+            "{v}"
+        );
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    }
+    assert_free(&env, &repo);
+}
+
+#[test]
+fn run_of_a_missing_command_is_a_usage_error_and_releases() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let out = lock(
+        &env,
+        &repo,
+        &["run", SKILL, "--repo", REPO, "--", "no-such-command-here"],
+    );
+    assert_eq!(out.code, 2, "{out:?}");
+    assert_eq!(out.stdout, "", "{out:?}");
+    let v = last_json(&out.stderr);
+    assert_eq!(v["error"], "usage", "{v}");
+    assert_free(&env, &repo);
+}
