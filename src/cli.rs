@@ -57,11 +57,12 @@ struct LockArgs {
     repo: OsString,
 }
 
+/// What `acquire` and `run` share: the lock and the lease asked for.
 #[derive(Debug, Args)]
-struct AcquireArgs {
+struct TakeArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// Lease in seconds, 1..=2592000.
+    /// Lease in seconds, 1..=2592000 (run renews it every ttl/3 while CMD runs).
     #[arg(
         long,
         allow_hyphen_values = true,
@@ -72,12 +73,34 @@ struct AcquireArgs {
     /// Free text kept in the record (at most 1,000 bytes, no control characters but tab).
     #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
     note: Option<OsString>,
-    /// A process on this host whose death makes the lock stale.
-    #[arg(long, allow_hyphen_values = true, value_name = "PID")]
-    owner_pid: Option<OsString>,
     /// Keep trying (jittered back-off) for up to SECS seconds before giving up.
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     wait: Option<OsString>,
+}
+
+impl TakeArgs {
+    /// Validates the lock, ttl, note and wait; `owner_pid` as given.
+    fn validate(
+        &self,
+        owner_pid: Option<u32>,
+    ) -> Result<(LockKey, AcquireRequest, Option<Duration>)> {
+        let key = key_of(&self.lock)?;
+        let req = AcquireRequest {
+            ttl: ttl_of(&self.ttl)?,
+            note: self.note.as_ref().map(config::validate_note).transpose()?,
+            owner_pid,
+        };
+        Ok((key, req, self.wait.as_ref().map(wait_of).transpose()?))
+    }
+}
+
+#[derive(Debug, Args)]
+struct AcquireArgs {
+    #[command(flatten)]
+    take: TakeArgs,
+    /// A process on this host whose death makes the lock stale.
+    #[arg(long, allow_hyphen_values = true, value_name = "PID")]
+    owner_pid: Option<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -116,21 +139,7 @@ struct CheckArgs {
 #[derive(Debug, Args)]
 struct RunArgs {
     #[command(flatten)]
-    lock: LockArgs,
-    /// Lease in seconds, 1..=2592000; renewed every ttl/3 while CMD runs.
-    #[arg(
-        long,
-        allow_hyphen_values = true,
-        value_name = "SECS",
-        default_value = "7200"
-    )]
-    ttl: OsString,
-    /// Free text kept in the record.
-    #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
-    note: Option<OsString>,
-    /// Keep trying for up to SECS seconds before giving up.
-    #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
-    wait: Option<OsString>,
+    take: TakeArgs,
     /// The command to run while holding the lock.
     #[arg(last = true, required = true, value_name = "CMD")]
     cmd: Vec<OsString>,
@@ -338,13 +347,10 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
     // Validate everything the user typed before touching any file.
     match &cli.command {
         Command::Acquire(a) => {
-            let key = key_of(&a.lock)?;
-            let req = AcquireRequest {
-                ttl: ttl_of(&a.ttl)?,
-                note: a.note.as_ref().map(config::validate_note).transpose()?,
-                owner_pid: a.owner_pid.as_ref().map(config::validate_pid).transpose()?,
-            };
-            let wait = a.wait.as_ref().map(wait_of).transpose()?;
+            // Checked before the rest so that a bad name wins over a bad pid.
+            key_of(&a.take.lock)?;
+            let pid = a.owner_pid.as_ref().map(config::validate_pid).transpose()?;
+            let (key, req, wait) = a.take.validate(pid)?;
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
             Ok(acquire_report(
                 acquire_waiting(&choice.store, &key, &req, wait)?,
@@ -353,14 +359,8 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
             ))
         }
         Command::Run(a) => {
-            let key = key_of(&a.lock)?;
-            let ttl = ttl_of(&a.ttl)?;
-            let req = AcquireRequest {
-                ttl,
-                note: a.note.as_ref().map(config::validate_note).transpose()?,
-                owner_pid: Some(std::process::id()),
-            };
-            let wait = a.wait.as_ref().map(wait_of).transpose()?;
+            let (key, req, wait) = a.take.validate(Some(std::process::id()))?;
+            let ttl = req.ttl;
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
             let store = &choice.store;
             let outcome = acquire_waiting(store, &key, &req, wait)?;
@@ -626,8 +626,8 @@ where
         crate::run::prepare();
     }
     let skill_repo = match &cli.command {
-        Command::Run(a) => Some(&a.lock),
-        Command::Acquire(a) => Some(&a.lock),
+        Command::Run(a) => Some(&a.take.lock),
+        Command::Acquire(a) => Some(&a.take.lock),
         Command::Renew(a) => Some(&a.lock),
         Command::Release(a) => Some(&a.lock),
         Command::Status(a) => Some(a),

@@ -557,18 +557,7 @@ impl Store for EtcdStore {
                     if seen.current == Current::Free {
                         continue;
                     }
-                    let key = match &seen.current {
-                        Current::Held(r) => LockKey::new(&r.holder.skill, &r.holder.repo)
-                            .ok()
-                            .filter(|k| k.same_lock(&key))
-                            .unwrap_or(key),
-                        _ => key,
-                    };
-                    locks.push(Listed {
-                        key,
-                        location: full.to_owned(),
-                        current: seen.current,
-                    });
+                    locks.push(Listed::new(key, full.to_owned(), seen.current));
                 }
                 Ok(Listing {
                     locks,

@@ -397,18 +397,7 @@ impl Store for FileStore {
                     if current == Current::Free {
                         continue;
                     }
-                    let key = match &current {
-                        Current::Held(r) => LockKey::new(&r.holder.skill, &r.holder.repo)
-                            .ok()
-                            .filter(|k| k.same_lock(&key))
-                            .unwrap_or(key),
-                        _ => key,
-                    };
-                    locks.push(Listed {
-                        key,
-                        location: path.display().to_string(),
-                        current,
-                    });
+                    locks.push(Listed::new(key, path.display().to_string(), current));
                 }
             }
             Err(e) if is_not_found(&e) => {}

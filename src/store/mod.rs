@@ -86,6 +86,26 @@ pub struct Listed {
     pub current: Current,
 }
 
+impl Listed {
+    /// A listed lock, named as its readable record spells it (the name only
+    /// knows the lowercase repo), or by its name when the record is unreadable.
+    #[must_use]
+    pub fn new(key: LockKey, location: String, current: Current) -> Self {
+        let key = match &current {
+            Current::Held(r) => LockKey::new(&r.holder.skill, &r.holder.repo)
+                .ok()
+                .filter(|k| k.same_lock(&key))
+                .unwrap_or(key),
+            _ => key,
+        };
+        Self {
+            key,
+            location,
+            current,
+        }
+    }
+}
+
 /// Everything [`Store::list`] saw.
 #[derive(Debug, Clone)]
 pub struct Listing {
