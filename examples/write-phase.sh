@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# A batch skill's write phase under skill-lock, step by step as in
+# docs/write-lock.md: acquire, branch on the exit status, check before each of
+# three simulated posts, renew once, recap, release; and release in the
+# stop-and-surface path (a trap) when anything fails after the acquire.
+#
+#   examples/write-phase.sh [POSTS_FILE]
+#
+# Run it inside a checkout: the lock's project root is found from the current
+# directory. A "post" appends one line to POSTS_FILE (default: a temp file).
+#   SKILL_LOCK  the skill-lock binary (default: skill-lock on PATH), or a whole
+#               launcher, e.g. 'uvx --from ~/.claude/magpie/skill-lock skill-lock'
+#   SKILL       the skill name (default: example-sweep)
+#   REPO        the repository posted to (default: apache/example)
+# Exit status: 0 when the posts were made or another run holds the lock
+# (already_running is not a failure), 4 when the lease was lost, 2 on errors.
+set -euo pipefail
+# When SKILL_LOCK is a uvx launcher that must build: fail fast without cargo (docs/install.md).
+export MATURIN_NO_INSTALL_RUST=${MATURIN_NO_INSTALL_RUST:-1}
+
+if [ -x "${SKILL_LOCK:-}" ]; then
+    sl=("$SKILL_LOCK") # a path, even one with spaces
+else
+    read -r -a sl <<<"${SKILL_LOCK:-skill-lock}"
+fi
+skill=${SKILL:-example-sweep}
+repo=${REPO:-apache/example}
+posts=${1:-$(mktemp "${TMPDIR:-/tmp}/write-phase-posts.XXXXXX")}
+
+# get JSON PATH: one field of a result (PATH like holder.note); '' when absent or null.
+get() {
+    python3 -c 'import json, sys
+v = json.loads(sys.argv[1])
+for k in sys.argv[2].split("."):
+    v = v.get(k) if isinstance(v, dict) else None
+print("" if v is None else (v if isinstance(v, str) else json.dumps(v)))' "$1" "$2"
+}
+
+# lock SUBCOMMAND ARGS...: run skill-lock; sets OUT (its JSON) and RC (its exit status).
+lock() {
+    RC=0
+    OUT=$("${sl[@]}" "$1" "$skill" --repo "$repo" "${@:2}") || RC=$?
+    # No JSON object at all (e.g. the launcher could not build the tool): an error.
+    case "$OUT" in
+        "{"*) ;;
+        *)
+            OUT='{"result":"error","error":"launcher","message":"skill-lock printed no JSON"}'
+            if [ "$RC" = 0 ]; then RC=2; fi
+            ;;
+    esac
+}
+
+token=""
+# Stop-and-surface path: whatever ends the script after the acquire, release
+# with the token first. With --token it never removes another run's lock.
+release_on_exit() {
+    local status=$?
+    if [ -n "$token" ]; then
+        lock release --token "$token"
+        echo "stop-and-surface: released with the token: $(get "$OUT" result) (exit $RC)"
+    fi
+    exit "$status"
+}
+trap release_on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# 1. Acquire before the first write.
+lock acquire --ttl 600 --note "write-phase.sh pid $$"
+case "$RC" in
+    0)
+        token=$(get "$OUT" token)
+        fence=$(get "$OUT" fence)
+        echo "acquired $skill on $repo: fence $fence, lease until $(get "$OUT" expires)"
+        if [ -n "$(get "$OUT" took_over)" ]; then
+            echo "took over a stale lock ($(get "$OUT" took_over.reason)) started $(get "$OUT" took_over.holder.started)"
+        fi
+        ;;
+    3)
+        echo "already_running: another run holds $skill on $repo; not posting."
+        echo "  holder: note=$(get "$OUT" holder.note) host=$(get "$OUT" holder.host)" \
+            "started=$(get "$OUT" holder.started) expires=$(get "$OUT" holder.expires) (in $(get "$OUT" expires_in) s)"
+        echo "  if that run is known to be dead, an operator runs: $(get "$OUT" hint)"
+        exit 0
+        ;;
+    *)
+        echo "acquire failed (exit $RC): $(get "$OUT" error): $(get "$OUT" message)" >&2
+        exit 2
+        ;;
+esac
+
+# 2. Check before each post; renew once (a long run renews before its lease ends).
+for n in 1 2 3; do
+    lock check --token "$token"
+    case "$RC" in
+        0) ;;
+        4)
+            echo "lease lost before post $n ($(get "$OUT" result)): stopping posts now" >&2
+            exit 4
+            ;;
+        *)
+            echo "check failed (exit $RC): $(get "$OUT" message)" >&2
+            exit 2
+            ;;
+    esac
+    echo "post $n to $repo by $skill (fence $fence)" >>"$posts"
+    echo "posted $n ($(get "$OUT" expires_in) s of lease left)"
+
+    if [ "$n" = 2 ]; then
+        lock renew --token "$token"
+        case "$RC" in
+            0) echo "renewed: lease until $(get "$OUT" expires)" ;;
+            4)
+                echo "lease lost at renew ($(get "$OUT" result)): stopping posts now" >&2
+                exit 4
+                ;;
+            *)
+                echo "renew failed (exit $RC): $(get "$OUT" message)" >&2
+                exit 2
+                ;;
+        esac
+    fi
+done
+
+# 3. Recap, then release with the token.
+echo "recap: 3 posts to $repo, in $posts"
+lock release --token "$token"
+token="" # released (or refused): the exit trap has nothing left to do
+case "$RC" in
+    0) echo "released ($(get "$OUT" result))" ;;
+    4) echo "release refused: the lock is now held by $(get "$OUT" holder.note) on $(get "$OUT" holder.host)" >&2 ;;
+    *) echo "release failed (exit $RC): $(get "$OUT" message); the lease ends by itself" >&2 ;;
+esac
