@@ -19,8 +19,11 @@ use crate::store::{Change, Current, Decision, Store};
 pub struct Context {
     /// This host's name, as recorded and compared.
     pub host: String,
-    /// The clocks, read once.
+    /// The clocks, read when the command started.
     pub now: Now,
+    /// Where decisions read the clock again, inside the critical section
+    /// (`Now::read`; a test may pin it to `now`).
+    pub clock: Option<fn() -> Now>,
 }
 
 impl Context {
@@ -30,6 +33,17 @@ impl Context {
         Self {
             host: liveness::hostname(),
             now: Now::read(),
+            clock: Some(Now::read),
+        }
+    }
+
+    /// The context with the clock read again (when it has a clock).
+    #[must_use]
+    pub fn at_decision(&self) -> Self {
+        Self {
+            host: self.host.clone(),
+            now: self.clock.map_or_else(|| self.now.clone(), |read| read()),
+            clock: self.clock,
         }
     }
 }
@@ -221,29 +235,34 @@ pub fn acquire<S: Store>(
     ctx: &Context,
 ) -> Result<Acquire> {
     let token = new_token()?;
-    let term = lease::term(&ctx.now, req.ttl);
-    let record = OwnerRecord {
-        holder: Holder {
-            skill: key.skill().to_owned(),
-            repo: key.repo().to_owned(),
-            started: term.start,
-            expires: term.expires,
-            renewed: None,
-            ttl: req.ttl,
-            note: req.note.clone(),
-            host: ctx.host.clone(),
-            owner_pid: req.owner_pid,
-            fence: 0,
-            boot_id: ctx.now.boot.as_ref().map(|b| b.id.clone()),
-            owner_start: req.owner_pid.and_then(liveness::process_start),
-            deadline_boot_ms: term.deadline_boot_ms,
-            format: FORMAT,
-        },
-        token_sha256: hash_token(&token),
-    };
-    let mut acquired_event = event(EventKind::Acquired, key, ctx, Some(&record.holder));
-    acquired_event.fence = None;
+    let token_sha256 = hash_token(&token);
+    let owner_start = req.owner_pid.and_then(liveness::process_start);
     let committed = store.update(key, &mut |current| {
+        // The clock is read here, inside the critical section: time spent
+        // waiting for the guard neither shortens the lease nor hides an expiry.
+        let ctx = &ctx.at_decision();
+        let term = lease::term(&ctx.now, req.ttl);
+        let record = OwnerRecord {
+            holder: Holder {
+                skill: key.skill().to_owned(),
+                repo: key.repo().to_owned(),
+                started: term.start,
+                expires: term.expires,
+                renewed: None,
+                ttl: req.ttl,
+                note: req.note.clone(),
+                host: ctx.host.clone(),
+                owner_pid: req.owner_pid,
+                fence: 0,
+                boot_id: ctx.now.boot.as_ref().map(|b| b.id.clone()),
+                owner_start,
+                deadline_boot_ms: term.deadline_boot_ms,
+                format: FORMAT,
+            },
+            token_sha256: token_sha256.clone(),
+        };
+        let mut acquired_event = event(EventKind::Acquired, key, ctx, Some(&record.holder));
+        acquired_event.fence = None;
         let took_over_event = |reason: StaleReason, holder: Option<&Holder>| {
             let mut ev = event(EventKind::TookOver, key, ctx, None);
             ev.reason = Some(reason.as_str().to_owned());
@@ -255,16 +274,13 @@ pub fn acquire<S: Store>(
         Ok(match judge(current, ctx) {
             State::Held { holder, expires_in } => Decision::keep(Err((holder, expires_in))),
             State::Free => Decision {
-                change: Change::Create(record.clone()),
-                events: vec![acquired_event.clone()],
+                change: Change::Create(record),
+                events: vec![acquired_event],
                 value: Ok(None),
             },
             State::Stale { reason, holder, .. } => Decision {
-                change: Change::Takeover(record.clone()),
-                events: vec![
-                    took_over_event(reason, holder.as_ref()),
-                    acquired_event.clone(),
-                ],
+                change: Change::Takeover(record),
+                events: vec![took_over_event(reason, holder.as_ref()), acquired_event],
                 value: Ok(Some(TookOver { reason, holder })),
             },
         })
@@ -296,6 +312,7 @@ pub fn renew<S: Store>(
     ctx: &Context,
 ) -> Result<Renew> {
     let committed = store.update(key, &mut |current| {
+        let ctx = &ctx.at_decision();
         let rec = match current {
             Current::Free => return Ok(Decision::keep(Renew::NotHeld { corrupt: false })),
             Current::Corrupt(_) => return Ok(Decision::keep(Renew::NotHeld { corrupt: true })),

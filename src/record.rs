@@ -34,11 +34,15 @@ impl Timestamp {
             .unwrap_or_else(|| format!("@{}", self.0))
     }
 
-    /// Parses RFC 3339 (any offset), dropping fractions of a second.
+    /// Parses RFC 3339 (any offset), dropping fractions of a second. A time
+    /// whose UTC form falls outside years 0000-9999 is refused, since it
+    /// could not be written back as RFC 3339.
     #[must_use]
     pub fn parse(text: &str) -> Option<Self> {
         time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
             .ok()
+            .map(|t| t.to_offset(time::UtcOffset::UTC))
+            .filter(|t| (0..=9999).contains(&t.year()))
             .map(|t| Self(t.unix_timestamp()))
     }
 }

@@ -302,39 +302,53 @@ impl FileStore {
     }
 }
 
+/// Reads a lock without its guard.
+///
+/// A takeover or release moves the directory away while we look, so "the
+/// directory is there but its record is not" is only believed when it holds
+/// on several looks in a row: a published directory always has its record.
 fn read_lock_dir(dir: &Path) -> Result<Current> {
-    match std::fs::symlink_metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Ok(Current::Corrupt(format!(
-                "{} is not a directory",
-                dir.display()
-            )));
+    const LOOKS: u32 = 5;
+    for look in 0..LOOKS {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Ok(Current::Corrupt(format!(
+                    "{} is not a directory",
+                    dir.display()
+                )));
+            }
+            Err(e) if is_not_found(&e) => return Ok(Current::Free),
+            Err(e) => return Err(Error::io("read", dir, e)),
         }
-        Err(e) if is_not_found(&e) => return Ok(Current::Free),
-        Err(e) => return Err(Error::io("read", dir, e)),
-    }
-    let path = dir.join(RECORD);
-    match std::fs::read(&path) {
-        Ok(bytes) => Ok(match OwnerRecord::parse(&bytes) {
-            Ok(r) => Current::Held(r),
-            Err(why) => Current::Corrupt(why),
-        }),
-        Err(e) if is_not_found(&e) => match std::fs::symlink_metadata(dir) {
-            // Released between our two looks.
-            Err(e2) if is_not_found(&e2) => Ok(Current::Free),
-            _ => Ok(Current::Corrupt(
-                "the lock directory holds no record".to_owned(),
-            )),
-        },
-        Err(e) if e.kind() == ErrorKind::InvalidData || e.raw_os_error() == Some(libc::EISDIR) => {
-            Ok(Current::Corrupt(format!(
-                "{} is not a file",
-                path.display()
-            )))
+        let path = dir.join(RECORD);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                return Ok(match OwnerRecord::parse(&bytes) {
+                    Ok(r) => Current::Held(r),
+                    Err(why) => Current::Corrupt(why),
+                });
+            }
+            Err(e) if is_not_found(&e) => {
+                // Changed under us (or truly empty): look again.
+                if look > 1 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            Err(e)
+                if e.kind() == ErrorKind::InvalidData || e.raw_os_error() == Some(libc::EISDIR) =>
+            {
+                return Ok(Current::Corrupt(format!(
+                    "{} is not a file",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(Error::io("read", path, e)),
         }
-        Err(e) => Err(Error::io("read", path, e)),
     }
+    Ok(Current::Corrupt(
+        "the lock directory holds no record".to_owned(),
+    ))
 }
 
 impl Store for FileStore {
