@@ -41,7 +41,7 @@ impl Timestamp {
     pub fn parse(text: &str) -> Option<Self> {
         time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
             .ok()
-            .map(|t| t.to_offset(time::UtcOffset::UTC))
+            .and_then(|t| t.checked_to_offset(time::UtcOffset::UTC))
             .filter(|t| (0..=9999).contains(&t.year()))
             .map(|t| Self(t.unix_timestamp()))
     }

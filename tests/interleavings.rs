@@ -660,19 +660,36 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
         }
         let base = Context::here();
         let start = Instant::now();
-        while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(10) {
+        while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(5) {
             let mut ctx = base.clone();
             // Two seconds later each time: the previous 1 s lease has run out.
+            // The clock is pinned (`clock: None`), or the decision would read
+            // the real one and find the lease live.
             ctx.now = Now {
                 wall_ms: base.now.wall_ms + takeovers * 2000,
                 boot: None,
             };
-            engine::acquire(&store, &key, &req, &ctx).unwrap();
+            ctx.clock = None;
+            let got = engine::acquire(&store, &key, &req, &ctx).unwrap();
+            // Every acquire but the first must be a takeover, or the test proves nothing.
+            let took_over = matches!(
+                got,
+                engine::Acquire::Acquired {
+                    took_over: Some(_),
+                    ..
+                }
+            );
+            assert!(took_over || takeovers == 0, "not a takeover: {got:?}");
             takeovers += 1;
         }
         stop.store(true, Ordering::Relaxed);
     });
     let corrupt = corrupt.into_inner().unwrap();
+    eprintln!(
+        "{takeovers} takeovers, {} reads",
+        reads.load(Ordering::Relaxed)
+    );
+    assert!(takeovers > 100, "only {takeovers} takeovers");
     assert!(
         corrupt.is_empty(),
         "after {takeovers} takeovers and {} reads, a reader saw: {corrupt:?}",
@@ -739,6 +756,36 @@ fn a_record_with_an_unwritable_time_is_corrupt_consistently() {
     renew.expect(4, "not_held");
     let after = lab.status(skill);
     assert_eq!(after["stale_reason"], "corrupt", "{after}");
+    let taken = lab.run(&["acquire", skill, "--repo", REPO]);
+    assert_eq!(
+        taken.expect(0, "acquired")["took_over"]["reason"],
+        "corrupt"
+    );
+}
+
+/// BUG-4 (docs/stress.md; a regression of the BUG-3 fix): `Timestamp::parse`
+/// converts the parsed time to UTC with `OffsetDateTime::to_offset`, which
+/// panics when the UTC form is past year 9999 (`9999-12-31T23:59:59-00:01`
+/// is 10000-01-01T00:00:59Z). Every command that reads such a record then
+/// dies with a panic (exit 101, no JSON), acquire and `release --force`
+/// included, so the lock is stuck until someone deletes it by hand.
+/// Expected: the record is corrupt (stale), and the next acquire takes it over.
+#[test]
+fn a_record_with_a_time_past_year_9999_in_utc_is_corrupt_not_a_crash() {
+    let lab = Lab::new();
+    let skill = "year10000";
+    lab.acquire(skill, 600);
+    let record = lab.lock_dir(skill).join("owner.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    v["started"] = Value::from("9999-12-31T23:59:59-00:01");
+    let mut guard = lab.hold(skill);
+    let tmp = lab.lock_dir(skill).join("owner.json.test");
+    std::fs::write(&tmp, serde_json::to_vec(&v).unwrap()).unwrap();
+    std::fs::rename(&tmp, &record).unwrap();
+    guard.release();
+    let status = lab.run(&["status", skill, "--repo", REPO]);
+    let got = status.expect(0, "status");
+    assert_eq!(got["stale_reason"], "corrupt", "{got}");
     let taken = lab.run(&["acquire", skill, "--repo", REPO]);
     assert_eq!(
         taken.expect(0, "acquired")["took_over"]["reason"],
