@@ -763,13 +763,14 @@ fn a_record_with_an_unwritable_time_is_corrupt_consistently() {
     );
 }
 
-/// BUG-4 (docs/stress.md; a regression of the BUG-3 fix): `Timestamp::parse`
-/// converts the parsed time to UTC with `OffsetDateTime::to_offset`, which
-/// panics when the UTC form is past year 9999 (`9999-12-31T23:59:59-00:01`
-/// is 10000-01-01T00:00:59Z). Every command that reads such a record then
-/// dies with a panic (exit 101, no JSON), acquire and `release --force`
-/// included, so the lock is stuck until someone deletes it by hand.
-/// Expected: the record is corrupt (stale), and the next acquire takes it over.
+/// Was BUG-4 (docs/stress.md; a regression of the first BUG-3 fix), fixed:
+/// `Timestamp::parse` converted the parsed time to UTC with
+/// `OffsetDateTime::to_offset`, which panics when the UTC form is past year
+/// 9999 (`9999-12-31T23:59:59-00:01` is 10000-01-01T00:00:59Z). Every command
+/// that read such a record died with a panic (exit 101, no JSON), acquire
+/// and `release --force` included, so the lock was stuck until someone
+/// deleted it by hand. Expected: the record is corrupt (stale), and the next
+/// acquire takes it over.
 #[test]
 fn a_record_with_a_time_past_year_9999_in_utc_is_corrupt_not_a_crash() {
     let lab = Lab::new();

@@ -14,7 +14,10 @@ use skill_lock::key::LockKey;
 use skill_lock::lease::{MAX_TTL, parse_ttl};
 
 fn key(skill: &[u8], repo: &[u8]) -> Option<LockKey> {
-    let (skill, repo) = (std::str::from_utf8(skill).ok()?, std::str::from_utf8(repo).ok()?);
+    let (skill, repo) = (
+        std::str::from_utf8(skill).ok()?,
+        std::str::from_utf8(repo).ok()?,
+    );
     let key = LockKey::new(skill, repo).ok()?;
     let name = key.name();
     let back = LockKey::from_name(&name)
@@ -23,7 +26,11 @@ fn key(skill: &[u8], repo: &[u8]) -> Option<LockKey> {
     assert_eq!(back.skill(), skill);
     assert_eq!(back.repo(), repo.to_ascii_lowercase());
     assert!(
-        !name.is_empty() && !name.contains('/') && !name.contains('\0') && name != "." && name != "..",
+        !name.is_empty()
+            && !name.contains('/')
+            && !name.contains('\0')
+            && name != "."
+            && name != "..",
         "{name:?} is not one path component"
     );
     Some(key)
@@ -36,11 +43,18 @@ fuzz_target!(|data: &[u8]| {
             && let Ok(ttl) = parse_ttl(text)
         {
             assert!((1..=MAX_TTL).contains(&ttl), "ttl {ttl} from {text:?}");
-            assert_eq!(text.trim_start_matches('+').trim_start_matches('0'), ttl.to_string(), "{text:?}");
+            assert_eq!(
+                text.trim_start_matches('+').trim_start_matches('0'),
+                ttl.to_string(),
+                "{text:?}"
+            );
         }
         if let Ok(note) = validate_note(&OsString::from_vec(p.to_vec())) {
             assert!(note.len() <= NOTE_MAX, "note of {} bytes", note.len());
-            assert!(!note.chars().any(|c| c.is_control() && c != '\t'), "{note:?}");
+            assert!(
+                !note.chars().any(|c| c.is_control() && c != '\t'),
+                "{note:?}"
+            );
             assert_eq!(note.as_bytes(), *p);
         }
     }
