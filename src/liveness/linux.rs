@@ -2,8 +2,19 @@
 
 use crate::lease::BootClock;
 
+/// The boot id, read once per process (decisions read the clock again).
+fn boot_id() -> Option<&'static str> {
+    static ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|id| id.trim().to_owned())
+    })
+    .as_deref()
+}
+
 pub(super) fn boot_clock() -> Option<BootClock> {
-    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let id = boot_id()?;
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
