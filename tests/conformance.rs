@@ -528,7 +528,10 @@ fn an_unreachable_cluster_is_store_unavailable_in_bounded_time() {
 #[test]
 fn a_dead_first_endpoint_does_not_fail_the_command() {
     let env = TestEnv::new();
-    let Ok(eps) = std::env::var("SKILL_LOCK_TEST_ETCD") else {
+    let Some(eps) = std::env::var("SKILL_LOCK_TEST_ETCD")
+        .ok()
+        .filter(|e| !e.is_empty())
+    else {
         eprintln!("SKIPPED: a_dead_first_endpoint_does_not_fail_the_command needs etcd");
         return;
     };

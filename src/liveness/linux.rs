@@ -25,7 +25,7 @@ pub(super) fn boot_clock() -> Option<BootClock> {
     }
     let ms = u64::try_from(ts.tv_sec).ok()? * 1000 + u64::try_from(ts.tv_nsec).ok()? / 1_000_000;
     Some(BootClock {
-        id: id.trim().to_owned(),
+        id: id.to_owned(),
         ms,
     })
 }
