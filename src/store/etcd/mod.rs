@@ -25,10 +25,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
-    SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
-};
+mod client;
+#[rustfmt::skip]
+mod proto;
+
+use client::{CallFailure, Client, Security, Tls};
+use proto::range_request::{SortOrder, SortTarget};
+use proto::{RangeRequest, TxnRequest};
 
 use crate::error::{Error, Result};
 use crate::history::Event;
@@ -143,6 +146,8 @@ impl EtcdConfig {
 pub struct EtcdStore {
     config: EtcdConfig,
     url: String,
+    /// TLS material and credentials, read once.
+    security: Arc<Security>,
     runtime: Arc<tokio::runtime::Runtime>,
     /// The connected client and the index of its endpoint.
     client: Arc<Mutex<Option<(Client, usize)>>>,
@@ -162,15 +167,24 @@ fn unavailable(what: impl std::fmt::Display) -> Error {
     ))
 }
 
-/// Is this an error worth trying another endpoint for?
-fn retryable(e: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
-    match e {
-        // UNKNOWN 2, DEADLINE_EXCEEDED 4, ABORTED 10, UNAVAILABLE 14.
-        E::GRpcStatus(s) => matches!(i32::from(s.code()), 2 | 4 | 10 | 14),
-        E::TransportError(_) | E::IoError(_) => true,
-        _ => false,
-    }
+/// Reads the TLS files and credentials of `config` once.
+fn security(config: &EtcdConfig) -> Result<Security> {
+    let read = |path: &String| std::fs::read(path).map_err(|e| Error::io("read", path, e));
+    let tls = if config.tls {
+        Some(Tls {
+            ca: config.ca.as_ref().map(read).transpose()?,
+            identity: match &config.identity {
+                Some((cert, key)) => Some((read(cert)?, read(key)?)),
+                None => None,
+            },
+        })
+    } else {
+        None
+    };
+    Ok(Security {
+        tls,
+        user: config.user.clone(),
+    })
 }
 
 impl EtcdStore {
@@ -180,6 +194,7 @@ impl EtcdStore {
     /// [`Error::Usage`] for a malformed URL; [`Error::Internal`] when no runtime can be built.
     pub fn new(url: &str) -> Result<Self> {
         let config = EtcdConfig::parse(url)?;
+        let security = security(&config)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -187,6 +202,7 @@ impl EtcdStore {
         Ok(Self {
             config,
             url: url.to_owned(),
+            security: Arc::new(security),
             runtime: Arc::new(runtime),
             client: Arc::new(Mutex::new(None)),
         })
@@ -194,30 +210,6 @@ impl EtcdStore {
 
     fn lock_key(&self, key: &LockKey) -> String {
         format!("{}locks/{}", self.config.prefix, key.name())
-    }
-
-    fn options(&self) -> Result<ConnectOptions> {
-        let mut o = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_millis(1000).min(self.config.timeout))
-            .with_timeout(Duration::from_millis(2000).min(self.config.timeout))
-            .with_require_leader(true);
-        if self.config.tls {
-            let mut tls = TlsOptions::new();
-            if let Some(ca) = &self.config.ca {
-                let pem = std::fs::read(ca).map_err(|e| Error::io("read", ca, e))?;
-                tls = tls.ca_certificate(Certificate::from_pem(pem));
-            }
-            if let Some((cert, key)) = &self.config.identity {
-                let c = std::fs::read(cert).map_err(|e| Error::io("read", cert, e))?;
-                let k = std::fs::read(key).map_err(|e| Error::io("read", key, e))?;
-                tls = tls.identity(Identity::from_pem(c, k));
-            }
-            o = o.with_tls(tls);
-        }
-        if let Some((u, p)) = &self.config.user {
-            o = o.with_user(u.clone(), p.clone());
-        }
-        Ok(o)
     }
 
     /// The connected client, connecting to the first endpoint that answers
@@ -231,7 +223,6 @@ impl EtcdStore {
         }
         let n = self.config.endpoints.len();
         let start = skip.map_or(0, |i| i + 1);
-        let scheme = if self.config.tls { "https" } else { "http" };
         let mut last = String::from("no endpoint tried");
         for round in 0.. {
             for step in 0..n {
@@ -243,18 +234,21 @@ impl EtcdStore {
                         self.config.endpoints.join(", ")
                     )));
                 }
-                let ep = format!("{scheme}://{}", self.config.endpoints[i]);
-                let opts = self
-                    .options()?
-                    .with_connect_timeout(left.min(Duration::from_secs(1)));
-                match tokio::time::timeout(left, Client::connect([ep.as_str()], Some(opts))).await {
+                let ep = &self.config.endpoints[i];
+                let connect = Client::connect(
+                    ep,
+                    &self.security,
+                    left.min(Duration::from_secs(1)),
+                    self.config.timeout.min(Duration::from_secs(2)),
+                );
+                match tokio::time::timeout(left, connect).await {
                     Ok(Ok(c)) => {
                         if let Ok(mut g) = self.client.lock() {
                             *g = Some((c.clone(), i));
                         }
                         return Ok(c);
                     }
-                    Ok(Err(e)) if !retryable(&e) => {
+                    Ok(Err(e)) if !e.retryable() => {
                         return Err(Error::StoreUnavailable(format!(
                             "etcd at {ep} refused the connection: {e}; check the URL, TLS and credentials"
                         )));
@@ -293,7 +287,7 @@ impl EtcdStore {
                 match tokio::time::timeout(left, op(client, deadline)).await {
                     Ok(Ok(r)) => return Ok(r),
                     Ok(Err(CallError::Fatal(e))) => return Err(e),
-                    Ok(Err(CallError::Etcd(e))) if !retryable(&e) => {
+                    Ok(Err(CallError::Etcd(e))) if !e.retryable() => {
                         return Err(Error::StoreUnavailable(format!(
                             "etcd refused the request: {e}"
                         )));
@@ -316,13 +310,13 @@ impl EtcdStore {
 /// Why one attempt of a call failed.
 enum CallError {
     /// An etcd error: retried on another endpoint when retryable.
-    Etcd(etcd_client::Error),
+    Etcd(CallFailure),
     /// A definite failure (e.g. the decision's own error): returned as is.
     Fatal(Error),
 }
 
-impl From<etcd_client::Error> for CallError {
-    fn from(e: etcd_client::Error) -> Self {
+impl From<CallFailure> for CallError {
+    fn from(e: CallFailure) -> Self {
         Self::Etcd(e)
     }
 }
@@ -336,16 +330,16 @@ struct Seen {
 
 /// Reads one key and translates the cluster's lease TTL into this host's clock.
 async fn read_key(client: &mut Client, k: &str) -> Result<Seen, CallError> {
-    let resp = client.get(k, None).await?;
-    let Some(kv) = resp.kvs().first() else {
+    let resp = client.range(client::get(k)).await?;
+    let Some(kv) = resp.kvs.first() else {
         return Ok(Seen {
             current: Current::Free,
             mod_revision: 0,
             lease: 0,
         });
     };
-    let (mod_revision, lease) = (kv.mod_revision(), kv.lease());
-    let current = match OwnerRecord::parse(kv.value()) {
+    let (mod_revision, lease) = (kv.mod_revision, kv.lease);
+    let current = match OwnerRecord::parse(&kv.value) {
         Err(why) => Current::Corrupt(why),
         Ok(mut rec) => {
             if rec.holder.fence == 0 {
@@ -356,7 +350,7 @@ async fn read_key(client: &mut Client, k: &str) -> Result<Seen, CallError> {
             let ttl = if lease == 0 {
                 -1
             } else {
-                client.lease_time_to_live(lease, None).await?.ttl()
+                client.lease_ttl(lease).await?
             };
             rec.holder.expires = Timestamp(Now::read().wall().0 + ttl.max(0));
             rec.holder.deadline_boot_ms = None;
@@ -443,9 +437,9 @@ impl Store for EtcdStore {
                     let mut new_lease = 0;
                     if let Some(rec) = record.as_mut() {
                         let ttl = i64::try_from(rec.holder.ttl).unwrap_or(i64::MAX);
-                        let granted = c.lease_grant(ttl, None).await?;
-                        new_lease = granted.id();
-                        let granted_ttl = u64::try_from(granted.ttl()).unwrap_or(rec.holder.ttl);
+                        let granted = c.lease_grant(ttl).await?;
+                        new_lease = granted.id;
+                        let granted_ttl = u64::try_from(granted.ttl).unwrap_or(rec.holder.ttl);
                         if granted_ttl != rec.holder.ttl {
                             let now = Now::read();
                             rec.holder.ttl = granted_ttl;
@@ -460,22 +454,16 @@ impl Store for EtcdStore {
                         }
                     }
                     let guard = match (&change, &seen.current) {
-                        (Change::Create(_), _) => {
-                            Compare::create_revision(k.as_str(), CompareOp::Equal, 0)
-                        }
-                        _ => Compare::mod_revision(k.as_str(), CompareOp::Equal, seen.mod_revision),
+                        (Change::Create(_), _) => client::created_at(&k, 0),
+                        _ => client::modified_at(&k, seen.mod_revision),
                     };
                     let mut ops = Vec::new();
                     match (&change, &record) {
                         (Change::Keep, _) => {}
-                        (Change::Delete, _) => ops.push(TxnOp::delete(k.as_str(), None)),
+                        (Change::Delete, _) => ops.push(client::delete(k.as_str())),
                         (_, Some(rec)) => {
                             let bytes = rec.to_bytes().map_err(CallError::Fatal)?;
-                            ops.push(TxnOp::put(
-                                k.as_str(),
-                                bytes,
-                                Some(PutOptions::new().with_lease(new_lease)),
-                            ));
+                            ops.push(client::put(k.as_str(), bytes, new_lease));
                         }
                         (_, None) => {}
                     }
@@ -488,7 +476,7 @@ impl Store for EtcdStore {
                         }
                         let line = serde_json::to_vec(ev)
                             .map_err(|e| CallError::Fatal(Error::Internal(e.to_string())))?;
-                        ops.push(TxnOp::put(history_key(&prefix, ev.time), line, None));
+                        ops.push(client::put(history_key(&prefix, ev.time), line, 0));
                     }
                     if ops.is_empty() {
                         return Ok(Committed {
@@ -501,7 +489,11 @@ impl Store for EtcdStore {
                     {
                         *in_flight.borrow_mut() = Some((rec.token_sha256.clone(), None));
                     }
-                    let txn = Txn::new().when(vec![guard]).and_then(ops);
+                    let txn = TxnRequest {
+                        compare: vec![guard],
+                        success: ops,
+                        failure: Vec::new(),
+                    };
                     let resp = match c.txn(txn).await {
                         Ok(r) => r,
                         Err(e) => {
@@ -513,7 +505,7 @@ impl Store for EtcdStore {
                         }
                     };
                     *in_flight.borrow_mut() = None;
-                    if !resp.succeeded() {
+                    if !resp.succeeded {
                         if new_lease != 0 {
                             let _ = c.lease_revoke(new_lease).await;
                         }
@@ -522,7 +514,7 @@ impl Store for EtcdStore {
                     if seen.lease != 0 && !matches!(change, Change::Keep) {
                         let _ = c.lease_revoke(seen.lease).await;
                     }
-                    let revision = resp.header().map_or(0, |h| h.revision());
+                    let revision = resp.header.map_or(0, |h| h.revision);
                     let written = record.map(|mut r| {
                         if r.holder.fence == 0 {
                             r.holder.fence = u64::try_from(revision).unwrap_or(0);
@@ -541,12 +533,12 @@ impl Store for EtcdStore {
         self.call(|mut c, _| {
             let prefix = prefix.clone();
             async move {
-                let resp = c
-                    .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
-                    .await?;
+                let resp = c.range(client::get_prefix(&prefix)).await?;
                 let mut locks = Vec::new();
-                for kv in resp.kvs() {
-                    let Ok(full) = kv.key_str() else { continue };
+                for kv in &resp.kvs {
+                    let Ok(full) = std::str::from_utf8(&kv.key) else {
+                        continue;
+                    };
                     let Some(name) = full.strip_prefix(&prefix) else {
                         continue;
                     };
@@ -574,16 +566,19 @@ impl Store for EtcdStore {
             let prefix = prefix.clone();
             let name = name.clone();
             async move {
-                let opts = GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Descend);
-                let resp = c.get(prefix.as_str(), Some(opts)).await?;
+                let resp = c
+                    .range(RangeRequest {
+                        sort_target: SortTarget::Create.into(),
+                        sort_order: SortOrder::Descend.into(),
+                        ..client::get_prefix(&prefix)
+                    })
+                    .await?;
                 let mut out = Vec::new();
-                for kv in resp.kvs() {
+                for kv in &resp.kvs {
                     if out.len() >= limit {
                         break;
                     }
-                    let Ok(mut ev) = serde_json::from_slice::<Event>(kv.value()) else {
+                    let Ok(mut ev) = serde_json::from_slice::<Event>(&kv.value) else {
                         continue;
                     };
                     if name.as_ref().is_some_and(|n| *n != ev.lock) {
@@ -591,7 +586,7 @@ impl Store for EtcdStore {
                     }
                     if ev.fence.is_none() {
                         // Written in the acquiring transaction: its revision is the fence.
-                        ev.fence = u64::try_from(kv.create_revision()).ok();
+                        ev.fence = u64::try_from(kv.create_revision).ok();
                     }
                     out.push(ev);
                 }
@@ -613,33 +608,37 @@ async fn trim_history(c: &mut Client, prefix: &str) {
         return; // about one change in sixteen looks
     }
     let hist = format!("{prefix}history/");
-    let Ok(count) = c
-        .get(
-            hist.as_str(),
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-    else {
+    let count_only = RangeRequest {
+        count_only: true,
+        ..client::get_prefix(&hist)
+    };
+    let Ok(count) = c.range(count_only).await else {
         return;
     };
-    let excess = count.count() - HISTORY_KEEP;
-    if count.count() <= 2 * HISTORY_KEEP || excess <= 0 {
+    let excess = count.count - HISTORY_KEEP;
+    if count.count <= 2 * HISTORY_KEEP || excess <= 0 {
         return;
     }
-    let opts = GetOptions::new()
-        .with_prefix()
-        .with_keys_only()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(excess);
-    let Ok(old) = c.get(hist.as_str(), Some(opts)).await else {
+    let oldest = RangeRequest {
+        keys_only: true,
+        sort_target: SortTarget::Create.into(),
+        sort_order: SortOrder::Ascend.into(),
+        limit: excess,
+        ..client::get_prefix(&hist)
+    };
+    let Ok(old) = c.range(oldest).await else {
         return;
     };
-    for chunk in old.kvs().chunks(100) {
-        let ops: Vec<TxnOp> = chunk
-            .iter()
-            .map(|kv| TxnOp::delete(kv.key(), None))
-            .collect();
-        if c.txn(Txn::new().and_then(ops)).await.is_err() {
+    for chunk in old.kvs.chunks(100) {
+        let txn = TxnRequest {
+            compare: Vec::new(),
+            success: chunk
+                .iter()
+                .map(|kv| client::delete(kv.key.clone()))
+                .collect(),
+            failure: Vec::new(),
+        };
+        if c.txn(txn).await.is_err() {
             return;
         }
     }
