@@ -423,7 +423,10 @@ pub fn release<S: Store>(
 /// # Errors
 /// Store I/O failure.
 pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<State> {
-    Ok(judge(&store.read(key)?, ctx))
+    let current = store.read(key)?;
+    // The clock is read after the store answered: time spent connecting
+    // (a network store's failover) is never counted as lease left.
+    Ok(judge(&current, &ctx.at_decision()))
 }
 
 /// Does `token` hold a live lease on `key`? Read-only (SPEC §2.6).
@@ -432,6 +435,7 @@ pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<State
 /// Store I/O failure.
 pub fn check<S: Store>(store: &S, key: &LockKey, token: &str, ctx: &Context) -> Result<Check> {
     let current = store.read(key)?;
+    let ctx = &ctx.at_decision();
     Ok(match (&current, judge(&current, ctx)) {
         (Current::Free, _) => Check::NotHeld,
         (Current::Corrupt(_), _) => Check::NotOwner { holder: None },

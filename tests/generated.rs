@@ -97,7 +97,9 @@ fn contract_copy_is_the_spec() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let spec = root.join("../shared/SPEC.md");
     let Ok(spec) = std::fs::read_to_string(&spec) else {
-        eprintln!("SKIPPED: no ../shared/SPEC.md beside the checkout to compare docs/contract.md with");
+        eprintln!(
+            "SKIPPED: no ../shared/SPEC.md beside the checkout to compare docs/contract.md with"
+        );
         return;
     };
     let copy = std::fs::read_to_string(root.join("docs/contract.md")).unwrap();

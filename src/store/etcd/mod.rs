@@ -321,46 +321,78 @@ impl From<CallFailure> for CallError {
     }
 }
 
-/// A lock key as read: state, revision and lease.
+/// How a read is used (SPEC §7 time safety, §8 "a key whose etcd lease is
+/// alive is held").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// Shown to a reader (status, check, list): `expires` is a lower bound
+    /// of the lease's end (etcd truncates the remaining TTL to whole seconds;
+    /// it is counted from before the request), so a holder is never told it
+    /// has more time than it has.
+    Reader,
+    /// Decided on (acquire, renew, release): a key whose lease is alive is
+    /// held, however little of it is left, so `expires` is past now. Only a
+    /// key whose lease is gone is expired.
+    Decision,
+}
+
+/// A lock key as read: state, revisions, lease and the stored bytes.
 struct Seen {
     current: Current,
     mod_revision: i64,
+    create_revision: i64,
     lease: i64,
+    value: Vec<u8>,
 }
 
-/// Reads one key and translates the cluster's lease TTL into this host's clock.
-async fn read_key(client: &mut Client, k: &str) -> Result<Seen, CallError> {
+/// The lease end of a key whose lease has `ttl` whole seconds left as the
+/// cluster counts them (-1: the lease is gone), read between `before` and
+/// `after` on this host's clock.
+fn lease_end(ttl: i64, view: View, before: &Now, after: &Now) -> Timestamp {
+    match view {
+        _ if ttl < 0 => Timestamp(before.wall().0.saturating_sub(1)),
+        View::Reader => Timestamp(before.wall().0.saturating_add(ttl)),
+        // Truncated: up to a second more is left; and one more so that a
+        // decision made just after this read sees it alive.
+        View::Decision => Timestamp(after.wall().0.saturating_add(ttl).saturating_add(2)),
+    }
+}
+
+/// Reads one key; a leased record's expiry is the cluster's (see [`View`]).
+async fn read_key(client: &mut Client, k: &str, view: View) -> Result<Seen, CallError> {
+    let before = Now::read();
     let resp = client.range(client::get(k)).await?;
-    let Some(kv) = resp.kvs.first() else {
+    let Some(kv) = resp.kvs.into_iter().next() else {
         return Ok(Seen {
             current: Current::Free,
             mod_revision: 0,
+            create_revision: 0,
             lease: 0,
+            value: Vec::new(),
         });
     };
-    let (mod_revision, lease) = (kv.mod_revision, kv.lease);
     let current = match OwnerRecord::parse(&kv.value) {
         Err(why) => Current::Corrupt(why),
         Ok(mut rec) => {
             if rec.holder.fence == 0 {
-                rec.holder.fence = u64::try_from(mod_revision).unwrap_or(0);
+                rec.holder.fence = u64::try_from(kv.mod_revision).unwrap_or(0);
             }
-            // The cluster's remaining TTL, shown in this host's wall clock;
-            // zero or less (expired, revoke pending) reads as expired now.
-            let ttl = if lease == 0 {
-                -1
-            } else {
-                client.lease_ttl(lease).await?
-            };
-            rec.holder.expires = Timestamp(Now::read().wall().0 + ttl.max(0));
-            rec.holder.deadline_boot_ms = None;
+            // A key with no lease (another tool, an older record) is judged
+            // by its own `expires`, like any record.
+            if kv.lease != 0 {
+                let ttl = client.lease_ttl(kv.lease).await?;
+                rec.holder.expires = lease_end(ttl, view, &before, &Now::read());
+                rec.holder.deadline_boot_ms = None;
+            }
             Current::Held(rec)
         }
     };
     Ok(Seen {
         current,
-        mod_revision,
-        lease,
+        mod_revision: kv.mod_revision,
+        create_revision: kv.create_revision,
+        lease: kv.lease,
+        value: kv.value,
     })
 }
 
@@ -371,6 +403,333 @@ fn history_key(prefix: &str, time: Timestamp) -> String {
             i128::try_from(d.as_nanos()).unwrap_or(0)
         });
     format!("{prefix}history/{ns:020}-{}", random_suffix())
+}
+
+/// What kind of change a transaction makes, as far as settling an unknown
+/// outcome needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A new acquisition (create or takeover): recognised by its token hash.
+    Acquisition,
+    /// A renewal: recognised by its exact bytes.
+    Rewrite,
+    /// A release: recognised by the lock it saw being gone.
+    Delete,
+}
+
+/// One decision turned into one transaction: pure, so it is unit-tested
+/// without etcd.
+#[derive(Debug)]
+struct Plan {
+    txn: TxnRequest,
+    kind: Option<Kind>,
+    /// The record's bytes as written (create, takeover, rewrite).
+    bytes: Option<Vec<u8>>,
+}
+
+/// Plans the transaction for `change` on key `k` as seen at `seen_mod`
+/// (0: absent): the guard (`create_revision == 0` to create, `mod_revision
+/// == seen` for everything else), the put of `record` on `lease`, or the
+/// delete, and the history events (`history`: key and JSON of each).
+fn plan(
+    k: &str,
+    seen_mod: i64,
+    change: &Change,
+    record: Option<&OwnerRecord>,
+    lease: i64,
+    history: Vec<(String, Vec<u8>)>,
+) -> Result<Plan> {
+    let guard = match change {
+        Change::Create(_) => client::created_at(k, 0),
+        _ => client::modified_at(k, seen_mod),
+    };
+    let mut ops = Vec::new();
+    let mut bytes = None;
+    let kind = match (change, record) {
+        (Change::Keep, _) => None,
+        (Change::Delete, _) => {
+            ops.push(client::delete(k));
+            Some(Kind::Delete)
+        }
+        (Change::Create(_) | Change::Takeover(_) | Change::Rewrite(_), Some(rec)) => {
+            let b = rec.to_bytes()?;
+            ops.push(client::put(k, b.clone(), lease));
+            bytes = Some(b);
+            Some(if matches!(change, Change::Rewrite(_)) {
+                Kind::Rewrite
+            } else {
+                Kind::Acquisition
+            })
+        }
+        (_, None) => {
+            return Err(Error::Internal(
+                "a change that writes a record came without one".into(),
+            ));
+        }
+    };
+    ops.extend(
+        history
+            .into_iter()
+            .map(|(key, line)| client::put(key, line, 0)),
+    );
+    Ok(Plan {
+        txn: TxnRequest {
+            compare: vec![guard],
+            success: ops,
+            failure: Vec::new(),
+        },
+        kind,
+        bytes,
+    })
+}
+
+/// A transaction whose outcome is not known (its answer was lost): settled
+/// by the next read before anything is decided again.
+struct Pending<T> {
+    kind: Kind,
+    value: T,
+    record: Option<OwnerRecord>,
+    bytes: Option<Vec<u8>>,
+    /// The lease granted for it (0: none).
+    lease: i64,
+    /// The create revision of the lock it saw (for a release).
+    seen_create_revision: i64,
+}
+
+impl<T> Pending<T> {
+    /// Does `seen` show that the transaction took effect?
+    fn landed(&self, seen: &Seen) -> bool {
+        match self.kind {
+            Kind::Acquisition => match (&seen.current, &self.record) {
+                (Current::Held(now), Some(ours)) => now.token_sha256 == ours.token_sha256,
+                _ => false,
+            },
+            Kind::Rewrite => self.bytes.as_deref() == Some(seen.value.as_slice()),
+            Kind::Delete => {
+                seen.current == Current::Free || seen.create_revision != self.seen_create_revision
+            }
+        }
+    }
+}
+
+/// What one read-decide-act round ended with.
+// One per round, moved once: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Round<T> {
+    /// Committed (or nothing to do); `old_lease` is the lease to revoke now.
+    Done(Committed<T>, i64),
+    /// Lost a race: read and decide again.
+    Again,
+}
+
+/// The lease for a new or renewed record: granted by the cluster, which may
+/// raise a short ttl to its minimum (the record and its events then say the
+/// ttl granted).
+async fn grant(
+    c: &mut Client,
+    change: &Change,
+    rec: &mut OwnerRecord,
+    events: &mut [Event],
+) -> Result<i64, CallError> {
+    let ttl = i64::try_from(rec.holder.ttl).unwrap_or(i64::MAX);
+    let granted = c.lease_grant(ttl).await?;
+    let granted_ttl = u64::try_from(granted.ttl).unwrap_or(rec.holder.ttl);
+    if granted_ttl != rec.holder.ttl {
+        rec.holder.ttl = granted_ttl;
+        rec.holder.expires = crate::lease::term(&Now::read(), granted_ttl).expires;
+        for ev in events.iter_mut() {
+            ev.expires = Some(rec.holder.expires);
+        }
+    }
+    rec.holder.deadline_boot_ms = None;
+    if !matches!(change, Change::Rewrite(_)) {
+        rec.holder.fence = 0; // the fence is the key's mod_revision
+    }
+    Ok(granted.id)
+}
+
+/// Extra time, past the command's deadline, to settle an unknown outcome.
+const SETTLE: Duration = Duration::from_secs(3);
+/// Time for the clean-up after a committed change (old lease, history trim).
+const CLEANUP: Duration = Duration::from_secs(1);
+
+impl EtcdStore {
+    /// One read-decide-act round on one connection.
+    async fn round<T>(
+        &self,
+        c: &mut Client,
+        k: &str,
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
+        pending: &mut Option<Pending<T>>,
+    ) -> Result<Round<T>, CallError> {
+        let seen = read_key(c, k, View::Decision).await?;
+        if let Some(p) = pending.take() {
+            if p.landed(&seen) {
+                let written = match (&p.record, &seen.current) {
+                    (Some(_), Current::Held(rec)) => Some(rec.clone()),
+                    _ => None,
+                };
+                return Ok(Round::Done(
+                    Committed {
+                        value: p.value,
+                        written,
+                    },
+                    0,
+                ));
+            }
+            // It did not land: its lease can go, so that it never can.
+            if p.lease != 0 {
+                let _ = c.lease_revoke(p.lease).await;
+            }
+        }
+        let Decision {
+            change,
+            mut events,
+            value,
+        } = decide(&seen.current).map_err(CallError::Fatal)?;
+        let mut record = match &change {
+            Change::Create(r) | Change::Takeover(r) | Change::Rewrite(r) => Some(r.clone()),
+            Change::Keep | Change::Delete => None,
+        };
+        let lease = match record.as_mut() {
+            Some(rec) => grant(c, &change, rec, &mut events).await?,
+            None => 0,
+        };
+        let history = self.history_ops(&mut events, record.as_ref())?;
+        let plan = plan(
+            k,
+            seen.mod_revision,
+            &change,
+            record.as_ref(),
+            lease,
+            history,
+        )
+        .map_err(CallError::Fatal)?;
+        let Some(kind) = plan.kind else {
+            // Nothing changes, but the decision may record events (a refusal):
+            // appended under the same guard; a failure to append never fails
+            // the operation itself (SPEC §2.8).
+            if !plan.txn.success.is_empty() {
+                match c.txn(plan.txn).await {
+                    Ok(resp) if !resp.succeeded => return Ok(Round::Again),
+                    Ok(_) | Err(_) => {}
+                }
+            }
+            return Ok(Round::Done(
+                Committed {
+                    value,
+                    written: None,
+                },
+                0,
+            ));
+        };
+        // From here until its answer, the outcome is unknown (the answer may
+        // be lost, or this future dropped at the deadline): settle it first.
+        *pending = Some(Pending {
+            kind,
+            value,
+            record,
+            bytes: plan.bytes,
+            lease,
+            seen_create_revision: seen.create_revision,
+        });
+        let resp = c.txn(plan.txn).await?;
+        let Some(attempt) = pending.take() else {
+            return Err(CallError::Fatal(Error::Internal(
+                "a transaction's attempt went missing".into(),
+            )));
+        };
+        match resp {
+            resp if !resp.succeeded => {
+                if lease != 0 {
+                    let _ = c.lease_revoke(lease).await;
+                }
+                Ok(Round::Again)
+            }
+            resp => {
+                let revision = resp.header.map_or(0, |h| h.revision);
+                let written = attempt.record.map(|mut r| {
+                    if r.holder.fence == 0 {
+                        r.holder.fence = u64::try_from(revision).unwrap_or(0);
+                    }
+                    r
+                });
+                Ok(Round::Done(
+                    Committed {
+                        value: attempt.value,
+                        written,
+                    },
+                    seen.lease,
+                ))
+            }
+        }
+    }
+
+    /// The history events of a change as (key, JSON); an event without a
+    /// fence gets the record's when it has one (a renewal's).
+    fn history_ops(
+        &self,
+        events: &mut [Event],
+        record: Option<&OwnerRecord>,
+    ) -> Result<Vec<(String, Vec<u8>)>, CallError> {
+        events
+            .iter_mut()
+            .map(|ev| {
+                if ev.fence.is_none()
+                    && let Some(r) = record
+                    && r.holder.fence != 0
+                {
+                    ev.fence = Some(r.holder.fence);
+                }
+                let line = serde_json::to_vec(ev)
+                    .map_err(|e| CallError::Fatal(Error::Internal(e.to_string())))?;
+                Ok((history_key(&self.config.prefix, ev.time), line))
+            })
+            .collect()
+    }
+
+    /// After a committed change: revoke the lease the lock no longer uses
+    /// and keep the history bounded, within their own short budget (the
+    /// change is done; a failure here is harmless).
+    async fn clean_up(&self, c: &mut Client, old_lease: i64) {
+        let work = async {
+            if old_lease != 0 {
+                let _ = c.lease_revoke(old_lease).await;
+            }
+            trim_history(c, &self.config.prefix).await;
+        };
+        let _ = tokio::time::timeout(CLEANUP, work).await;
+    }
+
+    /// The cluster stopped answering with an acquisition's outcome unknown:
+    /// revoke its lease on any member that answers, so that a lock whose
+    /// token was never printed is never left behind.
+    async fn abandon<T>(&self, pending: Option<Pending<T>>, err: Error) -> Error {
+        let Some(p) = pending else { return err };
+        if p.kind != Kind::Acquisition || p.lease == 0 {
+            return Error::StoreUnavailable(format!(
+                "{err}; the outcome of this change is unknown: run `status` to see the lock"
+            ));
+        }
+        let deadline = Instant::now() + SETTLE;
+        for ep in &self.config.endpoints {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = async {
+                let mut c = Client::connect(ep, &self.security, left, left).await?;
+                c.lease_revoke(p.lease).await
+            };
+            if let Ok(Ok(())) = tokio::time::timeout(left, attempt).await {
+                return Error::StoreUnavailable(format!(
+                    "{err}; nothing was taken (the attempt's lease was revoked)"
+                ));
+            }
+        }
+        Error::StoreUnavailable(format!(
+            "{err}; the outcome is unknown: if the lock was taken, nobody holds its token and it \
+             frees itself when its lease of {}s ends",
+            p.record.map_or(0, |r| r.holder.ttl)
+        ))
+    }
 }
 
 impl Store for EtcdStore {
@@ -386,7 +745,7 @@ impl Store for EtcdStore {
         let k = self.lock_key(key);
         self.call(|mut c, _| {
             let k = k.clone();
-            async move { read_key(&mut c, &k).await.map(|s| s.current) }
+            async move { read_key(&mut c, &k, View::Reader).await.map(|s| s.current) }
         })
     }
 
@@ -396,133 +755,44 @@ impl Store for EtcdStore {
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
     ) -> Result<Committed<T>> {
         let k = self.lock_key(key);
-        let prefix = self.config.prefix.clone();
-        // A put whose answer was lost may have committed: recognise our own
-        // record on the next read instead of deciding again.
-        let decide = std::cell::RefCell::new(decide);
-        let in_flight_cell = std::cell::RefCell::new(None::<(String, Option<T>)>);
-        self.call(|mut c, _deadline| {
-            let k = k.clone();
-            let prefix = prefix.clone();
-            let decide = &decide;
-            let in_flight = &in_flight_cell;
-            async move {
-                loop {
-                    let seen = read_key(&mut c, &k).await?;
-                    if let Current::Held(rec) = &seen.current {
-                        let mut slot = in_flight.borrow_mut();
-                        if let Some((hash, value)) = slot.as_mut()
-                            && *hash == rec.token_sha256
-                            && let Some(v) = value.take()
-                        {
-                            return Ok(Committed {
-                                value: v,
-                                written: Some(rec.clone()),
-                            });
-                        }
-                        *slot = None;
+        let mut deadline = Instant::now() + self.config.timeout;
+        self.runtime.block_on(async {
+            let mut pending = None;
+            let mut skip = None;
+            let mut settling = false;
+            loop {
+                let mut c = match self.client(deadline, skip).await {
+                    Ok(c) => c,
+                    Err(e) => return Err(self.abandon(pending, e).await),
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                let round = self.round(&mut c, &k, decide, &mut pending);
+                match tokio::time::timeout(left, round).await {
+                    Ok(Ok(Round::Done(committed, old_lease))) => {
+                        self.clean_up(&mut c, old_lease).await;
+                        return Ok(committed);
                     }
-                    let Decision {
-                        change,
-                        mut events,
-                        value,
-                    } = (decide.borrow_mut())(&seen.current).map_err(CallError::Fatal)?;
-                    let mut record = match &change {
-                        Change::Create(r) | Change::Takeover(r) | Change::Rewrite(r) => {
-                            Some(r.clone())
-                        }
-                        Change::Keep | Change::Delete => None,
-                    };
-                    // The lease: granted by the cluster (it may raise a short TTL).
-                    let mut new_lease = 0;
-                    if let Some(rec) = record.as_mut() {
-                        let ttl = i64::try_from(rec.holder.ttl).unwrap_or(i64::MAX);
-                        let granted = c.lease_grant(ttl).await?;
-                        new_lease = granted.id;
-                        let granted_ttl = u64::try_from(granted.ttl).unwrap_or(rec.holder.ttl);
-                        if granted_ttl != rec.holder.ttl {
-                            let now = Now::read();
-                            rec.holder.ttl = granted_ttl;
-                            rec.holder.expires = crate::lease::term(&now, granted_ttl).expires;
-                            for ev in &mut events {
-                                ev.expires = Some(rec.holder.expires);
+                    Ok(Ok(Round::Again)) => {}
+                    Ok(Err(CallError::Fatal(e))) => return Err(e),
+                    Ok(Err(CallError::Etcd(e))) if !e.retryable() => {
+                        let e = Error::StoreUnavailable(format!("etcd refused the request: {e}"));
+                        return Err(self.abandon(pending, e).await);
+                    }
+                    Ok(Err(CallError::Etcd(_))) | Err(_) => {
+                        skip = self.drop_client();
+                        if Instant::now() >= deadline {
+                            if pending.is_none() || settling {
+                                let e = unavailable(format!(
+                                    "none of {} answered in time",
+                                    self.config.endpoints.join(", ")
+                                ));
+                                return Err(self.abandon(pending, e).await);
                             }
-                        }
-                        rec.holder.deadline_boot_ms = None;
-                        if !matches!(change, Change::Rewrite(_)) {
-                            rec.holder.fence = 0; // the fence is the key's mod_revision
+                            // An answer was lost: read it back before answering.
+                            settling = true;
+                            deadline = Instant::now() + SETTLE;
                         }
                     }
-                    let guard = match (&change, &seen.current) {
-                        (Change::Create(_), _) => client::created_at(&k, 0),
-                        _ => client::modified_at(&k, seen.mod_revision),
-                    };
-                    let mut ops = Vec::new();
-                    match (&change, &record) {
-                        (Change::Keep, _) => {}
-                        (Change::Delete, _) => ops.push(client::delete(k.as_str())),
-                        (_, Some(rec)) => {
-                            let bytes = rec.to_bytes().map_err(CallError::Fatal)?;
-                            ops.push(client::put(k.as_str(), bytes, new_lease));
-                        }
-                        (_, None) => {}
-                    }
-                    for ev in &mut events {
-                        if ev.fence.is_none()
-                            && let Some(r) = &record
-                            && r.holder.fence != 0
-                        {
-                            ev.fence = Some(r.holder.fence);
-                        }
-                        let line = serde_json::to_vec(ev)
-                            .map_err(|e| CallError::Fatal(Error::Internal(e.to_string())))?;
-                        ops.push(client::put(history_key(&prefix, ev.time), line, 0));
-                    }
-                    if ops.is_empty() {
-                        return Ok(Committed {
-                            value,
-                            written: None,
-                        });
-                    }
-                    // Only a new acquisition has a token no earlier record had.
-                    if let (Some(rec), Change::Create(_) | Change::Takeover(_)) = (&record, &change)
-                    {
-                        *in_flight.borrow_mut() = Some((rec.token_sha256.clone(), None));
-                    }
-                    let txn = TxnRequest {
-                        compare: vec![guard],
-                        success: ops,
-                        failure: Vec::new(),
-                    };
-                    let resp = match c.txn(txn).await {
-                        Ok(r) => r,
-                        Err(e) => {
-                            // Unknown outcome: keep the value to return if our record shows up.
-                            if let Some(slot) = in_flight.borrow_mut().as_mut() {
-                                slot.1 = Some(value);
-                            }
-                            return Err(CallError::Etcd(e));
-                        }
-                    };
-                    *in_flight.borrow_mut() = None;
-                    if !resp.succeeded {
-                        if new_lease != 0 {
-                            let _ = c.lease_revoke(new_lease).await;
-                        }
-                        continue; // lost the race: read and decide again
-                    }
-                    if seen.lease != 0 && !matches!(change, Change::Keep) {
-                        let _ = c.lease_revoke(seen.lease).await;
-                    }
-                    let revision = resp.header.map_or(0, |h| h.revision);
-                    let written = record.map(|mut r| {
-                        if r.holder.fence == 0 {
-                            r.holder.fence = u64::try_from(revision).unwrap_or(0);
-                        }
-                        r
-                    });
-                    trim_history(&mut c, &prefix).await;
-                    return Ok(Committed { value, written });
                 }
             }
         })
@@ -545,7 +815,7 @@ impl Store for EtcdStore {
                     let Some(key) = LockKey::from_name(name) else {
                         continue;
                     };
-                    let seen = read_key(&mut c, full).await?;
+                    let seen = read_key(&mut c, full, View::Reader).await?;
                     if seen.current == Current::Free {
                         continue;
                     }
@@ -597,16 +867,10 @@ impl Store for EtcdStore {
     }
 }
 
-/// Keeps the history bounded: now and then, delete the oldest events beyond
-/// twice [`HISTORY_KEEP`], down to [`HISTORY_KEEP`]. Failures are harmless.
+/// Keeps the history bounded: after every change, count the events; past
+/// twice [`HISTORY_KEEP`], delete the oldest down to [`HISTORY_KEEP`].
+/// Failures are harmless (the next change trims).
 async fn trim_history(c: &mut Client, prefix: &str) {
-    if random_suffix()
-        .as_bytes()
-        .first()
-        .is_none_or(|b| *b != b'0')
-    {
-        return; // about one change in sixteen looks
-    }
     let hist = format!("{prefix}history/");
     let count_only = RangeRequest {
         count_only: true,
@@ -647,6 +911,150 @@ async fn trim_history(c: &mut Client, prefix: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn target(c: &proto::Compare) -> Option<proto::compare::TargetUnion> {
+        c.target_union.clone()
+    }
+
+    fn seen(current: Current, create_revision: i64, value: Vec<u8>) -> Seen {
+        Seen {
+            current,
+            mod_revision: 9,
+            create_revision,
+            lease: 0,
+            value,
+        }
+    }
+
+    #[test]
+    fn plans_guard_each_change_on_the_revision_it_saw() {
+        use proto::compare::TargetUnion::{CreateRevision, ModRevision};
+        use proto::request_op::Request;
+        let rec = crate::record::tests::sample(None);
+        let history = vec![("/p/history/1".to_owned(), b"{}".to_vec())];
+        let create = plan(
+            "/p/locks/k",
+            0,
+            &Change::Create(rec.clone()),
+            Some(&rec),
+            77,
+            history.clone(),
+        )
+        .unwrap();
+        assert_eq!(target(&create.txn.compare[0]), Some(CreateRevision(0)));
+        assert_eq!(create.kind, Some(Kind::Acquisition));
+        assert_eq!(create.txn.success.len(), 2, "the record and one event");
+        let Some(Request::RequestPut(put)) = &create.txn.success[0].request else {
+            panic!("the first op puts the record");
+        };
+        assert_eq!(
+            (put.lease, put.value.as_slice()),
+            (77, rec.to_bytes().unwrap().as_slice())
+        );
+        let Some(Request::RequestPut(ev)) = &create.txn.success[1].request else {
+            panic!("the second op puts the event");
+        };
+        assert_eq!(
+            (ev.key.as_slice(), ev.lease),
+            (b"/p/history/1".as_slice(), 0)
+        );
+
+        let take = plan(
+            "/p/locks/k",
+            41,
+            &Change::Takeover(rec.clone()),
+            Some(&rec),
+            78,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(target(&take.txn.compare[0]), Some(ModRevision(41)));
+        assert_eq!(take.kind, Some(Kind::Acquisition));
+        let renew = plan(
+            "/p/locks/k",
+            42,
+            &Change::Rewrite(rec.clone()),
+            Some(&rec),
+            79,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(renew.kind, Some(Kind::Rewrite));
+        assert_eq!(renew.bytes, Some(rec.to_bytes().unwrap()));
+        let delete = plan("/p/locks/k", 43, &Change::Delete, None, 0, Vec::new()).unwrap();
+        assert_eq!(target(&delete.txn.compare[0]), Some(ModRevision(43)));
+        assert!(matches!(
+            delete.txn.success[0].request,
+            Some(Request::RequestDeleteRange(_))
+        ));
+        let keep = plan("/p/locks/k", 43, &Change::Keep, None, 0, Vec::new()).unwrap();
+        assert_eq!((keep.kind, keep.txn.success.len()), (None, 0));
+        assert!(
+            plan(
+                "/p/locks/k",
+                0,
+                &Change::Create(rec.clone()),
+                None,
+                0,
+                Vec::new()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_recognised_only_by_its_own_effect() {
+        let ours = crate::record::tests::sample(None);
+        let mut theirs = ours.clone();
+        theirs.token_sha256 = crate::record::hash_token("someone else");
+        let pending = |kind, bytes: Option<Vec<u8>>| Pending {
+            kind,
+            value: (),
+            record: Some(ours.clone()),
+            bytes,
+            lease: 5,
+            seen_create_revision: 3,
+        };
+        let acq = pending(Kind::Acquisition, None);
+        assert!(acq.landed(&seen(Current::Held(ours.clone()), 3, Vec::new())));
+        assert!(!acq.landed(&seen(Current::Held(theirs.clone()), 3, Vec::new())));
+        assert!(!acq.landed(&seen(Current::Free, 0, Vec::new())));
+        let bytes = ours.to_bytes().unwrap();
+        let rw = pending(Kind::Rewrite, Some(bytes.clone()));
+        assert!(rw.landed(&seen(Current::Held(ours.clone()), 3, bytes)));
+        assert!(!rw.landed(&seen(Current::Held(ours.clone()), 3, b"older".to_vec())));
+        let del = pending(Kind::Delete, None);
+        assert!(del.landed(&seen(Current::Free, 0, Vec::new())));
+        assert!(
+            del.landed(&seen(Current::Held(theirs.clone()), 8, Vec::new())),
+            "re-created since"
+        );
+        assert!(
+            !del.landed(&seen(Current::Held(ours), 3, Vec::new())),
+            "the same lock is still there"
+        );
+    }
+
+    #[test]
+    fn a_live_lease_is_never_read_as_expired_by_a_decision_nor_overstated_to_a_reader() {
+        let before = Now {
+            wall_ms: 1_000_000_500,
+            boot: None,
+        };
+        let after = Now {
+            wall_ms: 1_000_001_700,
+            boot: None,
+        };
+        // 0 s left (truncated): alive, so a decision made after the read sees it held.
+        let end = lease_end(0, View::Decision, &before, &after);
+        assert!(end.0 * 1000 > after.wall_ms + 500);
+        // A reader is told no more than the truncated TTL, counted from before the request.
+        assert_eq!(lease_end(4, View::Reader, &before, &after).0, 1_000_000 + 4);
+        // A lease that is gone is expired for both.
+        for view in [View::Reader, View::Decision] {
+            assert!(lease_end(-1, view, &before, &after).0 * 1000 < before.wall_ms);
+        }
+    }
 
     #[test]
     fn urls() {
