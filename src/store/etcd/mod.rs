@@ -362,6 +362,7 @@ fn lease_end(ttl: i64, view: View, before: &Now, after: &Now) -> Timestamp {
 async fn read_key(client: &mut Client, k: &str, view: View) -> Result<Seen, CallError> {
     let before = Now::read();
     let resp = client.range(client::get(k)).await?;
+    let revision = resp.header.map_or(0, |h| h.revision);
     let Some(kv) = resp.kvs.into_iter().next() else {
         return Ok(Seen {
             current: Current::Free,
@@ -377,6 +378,7 @@ async fn read_key(client: &mut Client, k: &str, view: View) -> Result<Seen, Call
             if rec.holder.fence == 0 {
                 rec.holder.fence = u64::try_from(kv.mod_revision).unwrap_or(0);
             }
+            revisions_never_went_back(rec.holder.fence, revision)?;
             // A key with no lease (another tool, an older record) is judged
             // by its own `expires`, like any record.
             if kv.lease != 0 {
@@ -394,6 +396,21 @@ async fn read_key(client: &mut Client, k: &str, view: View) -> Result<Seen, Call
         lease: kv.lease,
         value: kv.value,
     })
+}
+
+/// A fence is a revision the cluster once had: a record whose fence is past
+/// the cluster's current revision means the revisions went backwards (a
+/// restore from a snapshot without `--bump-revision`), and fences handed out
+/// from now on could repeat. Refuse rather than hand them out.
+fn revisions_never_went_back(fence: u64, revision: i64) -> Result<(), CallError> {
+    match u64::try_from(revision) {
+        Ok(r) if r > 0 && fence > r => Err(CallError::Fatal(Error::StoreUnavailable(format!(
+            "the etcd cluster's revision ({r}) is below a fence it handed out ({fence}): it was \
+             restored from a snapshot without --bump-revision, so fences could repeat; restore \
+             again with `etcdutl snapshot restore --bump-revision N --mark-compacted` (N above {fence})"
+        )))),
+        _ => Ok(()),
+    }
 }
 
 fn history_key(prefix: &str, time: Timestamp) -> String {
@@ -924,6 +941,16 @@ mod tests {
             lease: 0,
             value,
         }
+    }
+
+    #[test]
+    fn a_fence_past_the_clusters_revision_is_refused() {
+        assert!(revisions_never_went_back(10, 12).is_ok());
+        assert!(revisions_never_went_back(12, 12).is_ok());
+        assert!(matches!(
+            revisions_never_went_back(13, 12),
+            Err(CallError::Fatal(Error::StoreUnavailable(_)))
+        ));
     }
 
     #[test]
