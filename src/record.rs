@@ -146,22 +146,25 @@ impl OwnerRecord {
                 bytes.len()
             ));
         }
-        if let Ok(rec) = serde_json::from_slice::<Self>(bytes)
-            && rec.holder.format == FORMAT
-            && is_hash(&rec.token_sha256)
-        {
-            return Ok(rec);
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
+        if value.get("format").and_then(serde_json::Value::as_u64) != Some(u64::from(FORMAT)) {
+            return Self::parse_foreign(&value);
         }
-        Self::parse_foreign(bytes)
+        // A record of this version is read exactly: a damaged one is corrupt.
+        let rec: Self =
+            serde_json::from_value(value).map_err(|e| format!("unreadable record: {e}"))?;
+        if !is_hash(&rec.token_sha256) {
+            return Err("record holds no valid token hash".to_owned());
+        }
+        Ok(rec)
     }
 
     /// Reads a record of an older version or another tool: any JSON object
     /// with a valid `expires`. Only what is shown is kept (never the boot,
     /// namespace or machine identity), so its owner is judged by its lease.
-    fn parse_foreign(bytes: &[u8]) -> std::result::Result<Self, String> {
+    fn parse_foreign(value: &serde_json::Value) -> std::result::Result<Self, String> {
         use serde_json::Value;
-        let value: Value =
-            serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
         let obj = value
             .as_object()
             .ok_or_else(|| "the record is not a JSON object".to_owned())?;
@@ -337,11 +340,15 @@ pub(crate) mod tests {
             !r.token_matches(""),
             "no token matches a record without a hash"
         );
-        // A record of this format that lost its hash is read the same way.
+        // A record of this version that is damaged is corrupt, not foreign.
         let mut cur = sample(None);
         cur.token_sha256 = "short".into();
-        let back = OwnerRecord::parse(&cur.to_bytes().unwrap()).unwrap();
-        assert_eq!((back.holder.format, back.holder.boot_id), (0, None));
+        assert!(OwnerRecord::parse(&cur.to_bytes().unwrap()).is_err());
+        // One of a later version is read by its lease.
+        let mut later = serde_json::to_value(sample(None)).unwrap();
+        later["format"] = 2.into();
+        let back = OwnerRecord::parse(&serde_json::to_vec(&later).unwrap()).unwrap();
+        assert_eq!((back.holder.format, back.holder.boot_id), (2, None));
         for bad in [&b"[]"[..], b"{}", br#"{"expires":"soon"}"#, b"{\"half\": "] {
             assert!(
                 OwnerRecord::parse(bad).is_err(),

@@ -39,8 +39,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::history::{Event, EventKind, FileHistory};
@@ -68,9 +69,9 @@ pub struct FileStore {
 
 /// Takes an exclusive `flock` on `file`, waiting at most [`GUARD_WAIT`].
 ///
-/// Polls with a non-blocking `flock` and a growing pause (0.2 ms to 20 ms),
-/// so a process stopped inside its critical section costs others 10 s,
-/// never forever.
+/// A process stopped inside its critical section costs others 10 s, never
+/// forever. (A thread left blocked after a timeout lets go of the lock as
+/// soon as it gets it.)
 ///
 /// # Errors
 /// [`Error::StoreUnavailable`] naming the process that holds it, after 10 s;
@@ -84,39 +85,68 @@ pub fn lock_bounded(file: &File, path: &Path) -> Result<()> {
 /// # Errors
 /// As [`lock_bounded`].
 pub fn lock_bounded_as(file: &File, path: &Path, shared: bool) -> Result<()> {
-    let start = Instant::now();
-    let mut pause = Duration::from_micros(200);
-    loop {
-        let tried = if shared {
-            file.try_lock_shared()
+    let attempt = |f: &File| {
+        if shared {
+            f.try_lock_shared()
         } else {
-            file.try_lock()
-        };
-        match tried {
-            Ok(()) => return Ok(()),
-            Err(std::fs::TryLockError::WouldBlock) => {}
-            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
+            f.try_lock()
         }
-        let waited = start.elapsed();
-        if waited >= GUARD_WAIT {
-            let who = match flock_holder(file) {
-                Some(pid) => format!("process {pid}{}", process_name(pid)),
-                None => "another process (its pid could not be found)".to_owned(),
-            };
-            let what = match flock_holder(file) {
-                Some(pid) => format!("resume or end it (kill -CONT {pid}, or kill {pid})"),
-                None => "find and resume or end it (fuser -v FILE)".to_owned(),
-            };
-            return Err(Error::StoreUnavailable(format!(
-                "{who} has held {} for more than {} s without finishing (stopped or hung?); \
-                 {what}, then try again",
-                path.display(),
-                GUARD_WAIT.as_secs()
-            )));
-        }
-        std::thread::sleep(pause.min(GUARD_WAIT.saturating_sub(waited)));
-        pause = (pause * 2).min(Duration::from_millis(20));
+    };
+    match attempt(file) {
+        Ok(()) => return Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => {}
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
     }
+    // Busy: a helper thread blocks in flock on a second descriptor of the
+    // same open file (so the kernel wakes it in turn, and the lock it takes
+    // is ours), while we wait at most GUARD_WAIT for it. On timeout the
+    // helper is told to let go: when its flock ever returns it closes its
+    // descriptor, and once ours is closed too nothing holds the lock.
+    let helper = file.try_clone().map_err(|e| Error::io("lock", path, e))?;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let told = Arc::clone(&cancelled);
+    std::thread::Builder::new()
+        .name("skill-lock-guard-wait".to_owned())
+        .spawn(move || {
+            let got = if shared {
+                helper.lock_shared()
+            } else {
+                helper.lock()
+            };
+            if !told.load(Ordering::SeqCst) {
+                let _ = tx.send(got);
+            }
+            drop(helper);
+        })
+        .map_err(|e| Error::io("lock", path, e))?;
+    match rx.recv_timeout(GUARD_WAIT) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Error::io("lock", path, e)),
+        Err(_) => {
+            cancelled.store(true, Ordering::SeqCst);
+            Err(held_too_long(file, path))
+        }
+    }
+}
+
+fn held_too_long(file: &File, path: &Path) -> Error {
+    let (who, what) = match flock_holder(file) {
+        Some(pid) => (
+            format!("process {pid}{}", process_name(pid)),
+            format!("resume or end it (kill -CONT {pid}, or kill {pid})"),
+        ),
+        None => (
+            "another process (its pid could not be found)".to_owned(),
+            format!("find it (fuser -v {}) and resume or end it", path.display()),
+        ),
+    };
+    Error::StoreUnavailable(format!(
+        "{who} has held {} for more than {} s without finishing (stopped or hung?); \
+         {what}, then try again",
+        path.display(),
+        GUARD_WAIT.as_secs()
+    ))
 }
 
 fn process_name(pid: u32) -> String {
