@@ -20,6 +20,9 @@ use crate::error::{Error, Result};
 pub const FORMAT: u32 = 1;
 /// Records larger than this are corrupt by definition (a note is at most 1,000 bytes).
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+/// What a record of another format may grow by when it is written back in
+/// this one (the fields it lacked, as nulls).
+const FOREIGN_MARGIN: usize = 4096;
 
 /// A point in time, whole seconds since the Unix epoch, written as RFC 3339 UTC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -149,6 +152,13 @@ impl OwnerRecord {
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
         if value.get("format").and_then(serde_json::Value::as_u64) != Some(u64::from(FORMAT)) {
+            // Room for the fields it lacks, so that it still parses once rewritten.
+            if bytes.len() > MAX_RECORD_BYTES - FOREIGN_MARGIN {
+                return Err(format!(
+                    "record of another format is {} bytes, more than one can be",
+                    bytes.len()
+                ));
+            }
             return Self::parse_foreign(&value);
         }
         // A record of this version is read exactly: a damaged one is corrupt.
