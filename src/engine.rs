@@ -9,8 +9,8 @@
 use crate::error::Result;
 use crate::history::{Event, EventKind};
 use crate::key::LockKey;
-use crate::lease::{self, Now};
-use crate::liveness::{self, StaleReason};
+use crate::lease::{self, Now, StaleReason};
+use crate::liveness::{self, Origin};
 use crate::record::{FORMAT, Holder, OwnerRecord, hash_token, new_token};
 use crate::store::{Change, Current, Decision, Store};
 
@@ -198,7 +198,7 @@ pub fn judge(current: &Current, ctx: &Context) -> State {
         },
         Current::Held(rec) => {
             let expires_in = lease::expires_in(&rec.holder, &ctx.now);
-            match liveness::judge(&rec.holder, &ctx.host, &ctx.now) {
+            match lease::stale_reason(&rec.holder, &ctx.now) {
                 None => State::Held {
                     holder: rec.holder.clone(),
                     expires_in,
@@ -257,6 +257,9 @@ pub fn acquire<S: Store>(
                 boot_id: ctx.now.boot.as_ref().map(|b| b.id.clone()),
                 owner_start,
                 deadline_boot_ms: term.deadline_boot_ms,
+                machine: Origin::here().machine.clone(),
+                pid_ns: Origin::here().pid_ns,
+                time_ns: ctx.now.boot.as_ref().and_then(|b| b.time_ns),
                 format: FORMAT,
             },
             token_sha256: token_sha256.clone(),
@@ -332,20 +335,16 @@ pub fn renew<S: Store>(
                 },
             });
         }
-        let was_expired = liveness::judge(&rec.holder, &ctx.host, &ctx.now).is_some();
+        let was_expired = lease::stale_reason(&rec.holder, &ctx.now).is_some();
         let ttl = ttl.unwrap_or(rec.holder.ttl);
         let term = lease::term(&ctx.now, ttl);
         let mut new = rec.clone();
         new.holder.expires = term.expires;
         new.holder.renewed = Some(term.start);
         new.holder.ttl = ttl;
-        new.holder.boot_id = ctx.now.boot.as_ref().map(|b| b.id.clone());
-        new.holder.deadline_boot_ms = term.deadline_boot_ms;
-        if new.holder.host != ctx.host {
-            // A renewal from another host keeps the lease but not the pid link.
-            new.holder.boot_id = None;
-            new.holder.deadline_boot_ms = None;
-        }
+        // The record keeps its acquirer's identity; the boot-clock deadline
+        // is renewed only by a renewer on that same clock.
+        new.holder.deadline_boot_ms = lease::renewed_deadline(&rec.holder, &ctx.now, &term);
         let mut ev = event(EventKind::Renewed, key, ctx, Some(&new.holder));
         if was_expired {
             ev.reason = Some("was_expired".into());

@@ -144,7 +144,8 @@ impl FileHistory {
             return Ok(());
         };
         let gpath = self.dir.join("history.lock");
-        guard.lock().map_err(|e| Error::io("lock", &gpath, e))?;
+        // Bounded: a process stopped while appending must not stop every lock.
+        crate::store::fs::lock_bounded(&guard, &gpath)?;
         // The guard file holds the number of lines in the current file.
         let mut buf = [0u8; 20];
         let n = guard
@@ -205,9 +206,7 @@ impl FileHistory {
         let Some(guard) = self.guard(false)? else {
             return Ok(Vec::new());
         };
-        guard
-            .lock_shared()
-            .map_err(|e| Error::io("lock", self.dir.join("history.lock"), e))?;
+        crate::store::fs::lock_bounded_as(&guard, &self.dir.join("history.lock"), true)?;
         let name = key.map(LockKey::name);
         let mut out = std::collections::VecDeque::with_capacity(limit.min(4096));
         for path in [self.rotated(), self.current()] {

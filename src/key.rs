@@ -1,9 +1,11 @@
 //! Lock key: the validated (skill, repo) pair and its injective name (SPEC §5 "Names").
 //!
 //! Invariant: two different keys never map to the same name, and every name
-//! this module produces parses back to the key it came from. The repo is
-//! compared case-insensitively (forges do), so the name carries its lowercase
-//! form while the key keeps the spelling the user gave for display.
+//! this module produces parses back to the key it came from. Skill and repo
+//! are compared case-insensitively (forges and macOS file systems do), so the
+//! name carries their lowercase form while the key keeps the spelling the user
+//! gave for display. A trailing `.git` on the repo (as `git remote get-url`
+//! spells it) is dropped before anything else.
 
 use crate::error::Error;
 
@@ -92,17 +94,37 @@ pub fn validate_repo(repo: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The repo without a trailing `.git` (any case): `apache/airflow.git` is
+/// `apache/airflow`.
+#[must_use]
+pub fn strip_git_suffix(repo: &str) -> &str {
+    let n = repo.len();
+    if n >= 4 && repo.is_char_boundary(n - 4) && repo[n - 4..].eq_ignore_ascii_case(".git") {
+        &repo[..n - 4]
+    } else {
+        repo
+    }
+}
+
 impl LockKey {
-    /// Validates both parts; nothing is touched before this succeeds.
+    /// Validates both parts (the repo after dropping a trailing `.git`);
+    /// nothing is touched before this succeeds.
     ///
     /// # Errors
     /// [`Error::InvalidSkill`] or [`Error::InvalidRepo`].
     pub fn new(skill: &str, repo: &str) -> Result<Self, Error> {
         validate_skill(skill)?;
-        validate_repo(repo)?;
+        let stripped = strip_git_suffix(repo);
+        validate_repo(stripped).map_err(|e| match e {
+            Error::InvalidRepo { why, .. } => Error::InvalidRepo {
+                repo: repo.to_owned(),
+                why,
+            },
+            other => other,
+        })?;
         Ok(Self {
             skill: skill.to_owned(),
-            repo: repo.to_owned(),
+            repo: stripped.to_owned(),
         })
     }
 
@@ -112,21 +134,21 @@ impl LockKey {
         &self.skill
     }
 
-    /// The repository, spelled as given.
+    /// The repository, spelled as given (without a trailing `.git`).
     #[must_use]
     pub fn repo(&self) -> &str {
         &self.repo
     }
 
-    /// The injective name `<skill>@<owner>__<name>` (repo lowercased).
+    /// The injective name `<skill>@<owner>__<name>`, all lowercase.
     #[must_use]
     pub fn name(&self) -> String {
         let repo = self.repo.to_ascii_lowercase();
         let (owner, name) = repo.split_once('/').unwrap_or((&repo, ""));
-        format!("{}@{owner}__{name}", self.skill)
+        format!("{}@{owner}__{name}", self.skill.to_ascii_lowercase())
     }
 
-    /// Parses a name made by [`LockKey::name`] back into a key (repo in lowercase).
+    /// Parses a name made by [`LockKey::name`] back into a key (in lowercase).
     #[must_use]
     pub fn from_name(name: &str) -> Option<Self> {
         let (skill, rest) = name.split_once('@')?;
@@ -135,7 +157,7 @@ impl LockKey {
         (key.name() == name).then_some(key)
     }
 
-    /// True when both keys name the same lock (repo compared case-insensitively).
+    /// True when both keys name the same lock (compared case-insensitively).
     #[must_use]
     pub fn same_lock(&self, other: &Self) -> bool {
         self.name() == other.name()
@@ -152,6 +174,31 @@ mod tests {
         let k = LockKey::new("issue-triage", "Apache/Airflow").unwrap();
         assert_eq!(k.name(), "issue-triage@apache__airflow");
         assert_eq!(k.repo(), "Apache/Airflow");
+    }
+
+    #[test]
+    fn spellings_of_one_lock_share_its_name() {
+        let k = LockKey::new("issue-triage", "apache/airflow").unwrap();
+        for (s, r) in [
+            ("Issue-Triage", "Apache/Airflow"),
+            ("issue-triage", "apache/airflow.git"),
+            ("ISSUE-TRIAGE", "apache/Airflow.GIT"),
+        ] {
+            let other = LockKey::new(s, r).unwrap();
+            assert!(other.same_lock(&k), "{s} {r}");
+            assert_eq!(other.skill(), s, "the spelling given is kept");
+        }
+        assert_eq!(
+            LockKey::new("s", "apache/airflow.git").unwrap().repo(),
+            "apache/airflow"
+        );
+        for r in ["o/.git", "o/..git", "o/...git"] {
+            assert!(LockKey::new("s", r).is_err(), "{r}");
+        }
+        assert!(matches!(
+            LockKey::new("s", "a__b/c.git"),
+            Err(Error::InvalidRepo { repo, .. }) if repo == "a__b/c.git"
+        ));
     }
 
     #[test]
@@ -193,10 +240,31 @@ mod tests {
             let a = LockKey::new(&s1, &format!("{o1}/{n1}"));
             let b = LockKey::new(&s2, &format!("{o2}/{n2}"));
             if let (Ok(a), Ok(b)) = (a, b) {
-                let same = s1 == s2
+                let same = s1.eq_ignore_ascii_case(&s2)
                     && o1.eq_ignore_ascii_case(&o2)
-                    && n1.eq_ignore_ascii_case(&n2);
+                    && strip_git_suffix(&n1).eq_ignore_ascii_case(strip_git_suffix(&n2));
                 prop_assert_eq!(a.name() == b.name(), same);
+            }
+        }
+
+        /// Names with the same letters in other cases and `.git` suffixes
+        /// collide exactly when the rules say they are one lock.
+        #[test]
+        fn mapping_is_injective_over_near_spellings(
+            s in "[a-c][a-c._-]{0,3}", o in "[a-c_.-]{1,4}", n in "[a-c_.-]{1,4}",
+            flips in proptest::collection::vec(any::<bool>(), 24), git1 in any::<bool>(), git2 in any::<bool>(),
+            s2 in "[a-c][a-c._-]{0,3}", o2 in "[a-c_.-]{1,4}", n2 in "[a-c_.-]{1,4}",
+        ) {
+            let flip = |t: &str, off: usize| -> String {
+                t.chars().enumerate().map(|(i, c)| if flips[(i + off) % flips.len()] { c.to_ascii_uppercase() } else { c }).collect()
+            };
+            let r1 = format!("{}/{}{}", flip(&o, 0), flip(&n, 5), if git1 { ".git" } else { "" });
+            let r2 = format!("{o2}/{n2}{}", if git2 { ".GIT" } else { "" });
+            if let (Ok(a), Ok(b)) = (LockKey::new(&flip(&s, 11), &r1), LockKey::new(&s2, &r2)) {
+                let same = s.eq_ignore_ascii_case(&s2)
+                    && strip_git_suffix(&r1).eq_ignore_ascii_case(strip_git_suffix(&r2));
+                prop_assert_eq!(a.name() == b.name(), same, "{:?} {:?}", a, b);
+                prop_assert!(LockKey::from_name(&a.name()).is_some_and(|k| k.same_lock(&a)));
             }
         }
 
@@ -204,7 +272,7 @@ mod tests {
         fn names_round_trip(s in "[A-Za-z0-9][A-Za-z0-9._-]{0,20}", o in part(), n in part()) {
             if let Ok(k) = LockKey::new(&s, &format!("{o}/{n}")) {
                 let back = LockKey::from_name(&k.name()).unwrap();
-                prop_assert_eq!(back.skill(), k.skill());
+                prop_assert_eq!(back.skill(), k.skill().to_ascii_lowercase());
                 prop_assert_eq!(back.repo(), k.repo().to_ascii_lowercase());
             }
         }

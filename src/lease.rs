@@ -1,11 +1,15 @@
-//! Lease arithmetic, pure (SPEC §6 `expired`).
+//! Lease arithmetic and the stale verdict (SPEC §6).
 //!
-//! The clock is passed in as a [`Now`], so every rule here is unit-tested
-//! without sleeping. On the host and boot that wrote a record, expiry is
-//! judged on the boot-time clock, which wall-clock steps do not move; anywhere
-//! else it is judged on the wall clock against the record's `expires`.
+//! Expiry is the lease's question and is answered here; whether a record's
+//! owner is gone is asked of [`crate::liveness`], which knows nothing of
+//! leases (the dependency goes one way). The clock is passed in as a
+//! [`Now`], so every rule here is unit-tested without sleeping. On the same
+//! boot-time clock that wrote a record (same boot id and same time
+//! namespace), expiry is judged on that clock, which wall-clock steps do not
+//! move; anywhere else it is judged on the wall clock against `expires`.
 
 use crate::error::{Error, Result};
+use crate::liveness::{self, Origin};
 use crate::record::{Holder, Timestamp};
 
 /// Default lease, seconds.
@@ -13,11 +17,39 @@ pub const DEFAULT_TTL: u64 = 7200;
 /// Longest lease, seconds (30 days).
 pub const MAX_TTL: u64 = 2_592_000;
 
-/// The boot-time clock of this host: its boot id and milliseconds since boot.
+/// Why a lock is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleReason {
+    /// now ≥ expires.
+    Expired,
+    /// The owner is certainly gone: its pid died or was reused in the boot
+    /// and pid namespace that recorded it, or its machine rebooted since.
+    OwnerDead,
+    /// The record cannot be read or parsed.
+    Corrupt,
+}
+
+impl StaleReason {
+    /// The SPEC spelling.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::OwnerDead => "owner_dead",
+            Self::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// The boot-time clock of this host: which clock it is, and its reading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootClock {
     /// `/proc/sys/kernel/random/boot_id` on Linux.
     pub id: String,
+    /// The time namespace (inode of `/proc/self/ns/time`), where the kernel
+    /// has them: another time namespace has another `CLOCK_BOOTTIME`.
+    pub time_ns: Option<u64>,
     /// `CLOCK_BOOTTIME` in milliseconds (counts suspend, never steps).
     pub ms: u64,
 }
@@ -38,10 +70,16 @@ impl Now {
         let wall_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        Self {
-            wall_ms,
-            boot: crate::liveness::boot_clock(),
-        }
+        let here = Origin::here();
+        let boot = match (&here.boot_id, liveness::boot_ms()) {
+            (Some(id), Some(ms)) => Some(BootClock {
+                id: id.clone(),
+                time_ns: here.time_ns,
+                ms,
+            }),
+            _ => None,
+        };
+        Self { wall_ms, boot }
     }
 
     /// The wall time, whole seconds (rounded down).
@@ -87,14 +125,31 @@ pub fn term(now: &Now, ttl: u64) -> Term {
     }
 }
 
+/// True when `holder`'s boot-clock deadline was set on the clock `now` reads:
+/// the same boot and the same time namespace.
+#[must_use]
+pub fn same_boot_clock(holder: &Holder, now: &Now) -> bool {
+    match (now.boot.as_ref(), holder.boot_id.as_deref()) {
+        (Some(boot), Some(id)) => boot.id == id && boot.time_ns == holder.time_ns,
+        _ => false,
+    }
+}
+
+/// The boot-clock deadline a renewal of `holder` at `now` records: the new
+/// term's, when the renewer reads the clock the record's deadline is on;
+/// otherwise none (the wall clock then judges), since the record keeps the
+/// boot and namespaces of its acquirer.
+#[must_use]
+pub fn renewed_deadline(holder: &Holder, now: &Now, term: &Term) -> Option<u64> {
+    term.deadline_boot_ms
+        .filter(|_| same_boot_clock(holder, now))
+}
+
 /// Milliseconds left on a lease (zero or less: expired).
 #[must_use]
 pub fn remaining_ms(holder: &Holder, now: &Now) -> i64 {
-    if let (Some(deadline), Some(boot), Some(id)) = (
-        holder.deadline_boot_ms,
-        now.boot.as_ref(),
-        holder.boot_id.as_deref(),
-    ) && boot.id == id
+    if let (Some(deadline), Some(boot)) = (holder.deadline_boot_ms, now.boot.as_ref())
+        && same_boot_clock(holder, now)
     {
         return i64::try_from(deadline).unwrap_or(i64::MAX)
             - i64::try_from(boot.ms).unwrap_or(i64::MAX);
@@ -118,6 +173,24 @@ pub fn impossible(holder: &Holder, now: &Now) -> bool {
     remaining_ms(holder, now) > limit
 }
 
+/// The verdict on a readable record: expired, owner gone, or live (`None`).
+#[must_use]
+pub fn stale_reason(holder: &Holder, now: &Now) -> Option<StaleReason> {
+    stale_reason_at(holder, now, Origin::here())
+}
+
+/// [`stale_reason`] judged from the given origin (tests pass another one).
+#[must_use]
+pub fn stale_reason_at(holder: &Holder, now: &Now, here: &Origin) -> Option<StaleReason> {
+    if remaining_ms(holder, now) <= 0 {
+        Some(StaleReason::Expired)
+    } else if liveness::owner_gone(holder, here) {
+        Some(StaleReason::OwnerDead)
+    } else {
+        None
+    }
+}
+
 /// Whole seconds left, rounded up (a live lease shows at least 1), never negative.
 #[must_use]
 pub fn expires_in(holder: &Holder, now: &Now) -> u64 {
@@ -133,7 +206,11 @@ mod tests {
     fn now(wall_ms: i64, boot: Option<(&str, u64)>) -> Now {
         Now {
             wall_ms,
-            boot: boot.map(|(id, ms)| BootClock { id: id.into(), ms }),
+            boot: boot.map(|(id, ms)| BootClock {
+                id: id.into(),
+                time_ns: Some(4_026_531_834),
+                ms,
+            }),
         }
     }
 
@@ -168,6 +245,12 @@ mod tests {
         assert_eq!(expires_in(&h, &now(99_001, None)), 1);
         assert_eq!(expires_in(&h, &now(100_000, None)), 0);
         assert_eq!(expires_in(&h, &now(200_000, None)), 0);
+        // Same boot id, another time namespace: another clock, so the wall decides.
+        let mut other_ns = now(99_000, Some(("b", 40_000)));
+        if let Some(b) = other_ns.boot.as_mut() {
+            b.time_ns = Some(1);
+        }
+        assert_eq!(remaining_ms(&h, &other_ns), 1_000);
         assert!(!impossible(&h, &now(0, None)));
         h.expires = Timestamp(i64::try_from(MAX_TTL + FUTURE_SLACK_SECS).unwrap() + 2);
         assert!(impossible(&h, &now(1000, None)));

@@ -3,8 +3,11 @@
 //!
 //! [`Holder`] is everything that may be shown; [`OwnerRecord`] adds the token
 //! hash. Because the hash lives only in the outer type, no output can carry
-//! it by accident. Parsing never panics: any bytes that are not a record of a
-//! known format are reported as corrupt.
+//! it by accident. Parsing never panics. A record of this version is read
+//! exactly; any other JSON object with a valid `expires` (written by an older
+//! version or another tool) is read as far as it goes, without the identity
+//! that would let its pid be judged, so it is held until `expires` (SPEC §6);
+//! anything else is reported as corrupt.
 
 use std::fmt;
 
@@ -17,6 +20,9 @@ use crate::error::{Error, Result};
 pub const FORMAT: u32 = 1;
 /// Records larger than this are corrupt by definition (a note is at most 1,000 bytes).
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+/// What a record of another format may grow by when it is written back in
+/// this one (the fields it lacked, as nulls).
+const FOREIGN_MARGIN: usize = 4096;
 
 /// A point in time, whole seconds since the Unix epoch, written as RFC 3339 UTC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -95,7 +101,19 @@ pub struct Holder {
     pub owner_start: Option<u64>,
     /// Expiry on the acquirer's boot-time clock (ms), immune to wall-clock steps.
     pub deadline_boot_ms: Option<u64>,
-    /// Record layout version.
+    /// The acquirer's machine, when certain (a hash of its own machine id,
+    /// never one baked into a container image): proves a reboot.
+    #[serde(default)]
+    pub machine: Option<String>,
+    /// The acquirer's pid namespace (inode of `/proc/self/ns/pid`): its pid
+    /// is judged only in the same namespace.
+    #[serde(default)]
+    pub pid_ns: Option<u64>,
+    /// The acquirer's time namespace (inode of `/proc/self/ns/time`): its
+    /// boot-clock deadline is trusted only on the same clock.
+    #[serde(default)]
+    pub time_ns: Option<u64>,
+    /// Record layout version (0: a record of an older version or another tool).
     pub format: u32,
 }
 
@@ -131,15 +149,74 @@ impl OwnerRecord {
                 bytes.len()
             ));
         }
-        let rec: Self =
+        let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
-        if rec.holder.format != FORMAT {
-            return Err(format!("unknown record format {}", rec.holder.format));
+        if value.get("format").and_then(serde_json::Value::as_u64) != Some(u64::from(FORMAT)) {
+            // Room for the fields it lacks, so that it still parses once rewritten.
+            if bytes.len() > MAX_RECORD_BYTES - FOREIGN_MARGIN {
+                return Err(format!(
+                    "record of another format is {} bytes, more than one can be",
+                    bytes.len()
+                ));
+            }
+            return Self::parse_foreign(&value);
         }
-        if rec.token_sha256.len() != 64 {
+        // A record of this version is read exactly: a damaged one is corrupt.
+        let rec: Self =
+            serde_json::from_value(value).map_err(|e| format!("unreadable record: {e}"))?;
+        if !is_hash(&rec.token_sha256) {
             return Err("record holds no valid token hash".to_owned());
         }
         Ok(rec)
+    }
+
+    /// Reads a record of an older version or another tool: any JSON object
+    /// with a valid `expires`. Only what is shown is kept (never the boot,
+    /// namespace or machine identity), so its owner is judged by its lease.
+    fn parse_foreign(value: &serde_json::Value) -> std::result::Result<Self, String> {
+        use serde_json::Value;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| "the record is not a JSON object".to_owned())?;
+        let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
+        let time = |k: &str| {
+            obj.get(k)
+                .and_then(Value::as_str)
+                .and_then(Timestamp::parse)
+        };
+        let number = |k: &str| obj.get(k).and_then(Value::as_u64);
+        let expires =
+            time("expires").ok_or_else(|| "the record has no usable expires".to_owned())?;
+        let holder = Holder {
+            skill: text("skill").unwrap_or_default(),
+            repo: text("repo").unwrap_or_default(),
+            started: time("started").unwrap_or(expires),
+            expires,
+            renewed: time("renewed"),
+            ttl: number("ttl").unwrap_or(0),
+            note: text("note"),
+            host: text("host").unwrap_or_default(),
+            owner_pid: number("owner_pid").and_then(|p| u32::try_from(p).ok()),
+            fence: number("fence").unwrap_or(0),
+            boot_id: None,
+            owner_start: None,
+            deadline_boot_ms: None,
+            machine: None,
+            pid_ns: None,
+            time_ns: None,
+            format: number("format")
+                .and_then(|f| u32::try_from(f).ok())
+                .filter(|&f| f != FORMAT)
+                .unwrap_or(0),
+        };
+        Ok(Self {
+            holder,
+            // No token matches an empty hash: only a release without a token
+            // (or --force) removes such a lock before it expires.
+            token_sha256: text("token_sha256")
+                .filter(|h| is_hash(h))
+                .unwrap_or_default(),
+        })
     }
 
     /// True when `token` is the one this record was acquired with.
@@ -154,6 +231,13 @@ impl OwnerRecord {
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                 == 0
     }
+}
+
+fn is_hash(text: &str) -> bool {
+    text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -218,6 +302,9 @@ pub(crate) mod tests {
                 boot_id: Some("b".into()),
                 owner_start: Some(99),
                 deadline_boot_ms: Some(5),
+                machine: Some("m".into()),
+                pid_ns: Some(4_026_531_836),
+                time_ns: Some(4_026_531_834),
                 format: FORMAT,
             },
             token_sha256: hash_token("t"),
@@ -247,6 +334,38 @@ pub(crate) mod tests {
         assert!(!r.token_matches("other"));
         let text = String::from_utf8(r.to_bytes().unwrap()).unwrap();
         assert!(!text.contains(&t));
+    }
+
+    #[test]
+    fn records_of_older_versions_are_read_by_their_lease() {
+        let old = br#"{"started":"2026-12-02T10:00:00Z","expires":"2026-12-02T11:00:00Z","note":"n","owner_pid":7,"boot_id":"b"}"#;
+        let r = OwnerRecord::parse(old).unwrap();
+        assert_eq!(r.holder.expires, Timestamp(1_796_209_200));
+        assert_eq!(
+            (r.holder.note.as_deref(), r.holder.owner_pid),
+            (Some("n"), Some(7))
+        );
+        assert_eq!((r.holder.boot_id.as_ref(), r.holder.format), (None, 0));
+        assert!(
+            !r.token_matches(""),
+            "no token matches a record without a hash"
+        );
+        // A record of this version that is damaged is corrupt, not foreign.
+        let mut cur = sample(None);
+        cur.token_sha256 = "short".into();
+        assert!(OwnerRecord::parse(&cur.to_bytes().unwrap()).is_err());
+        // One of a later version is read by its lease.
+        let mut later = serde_json::to_value(sample(None)).unwrap();
+        later["format"] = 2.into();
+        let back = OwnerRecord::parse(&serde_json::to_vec(&later).unwrap()).unwrap();
+        assert_eq!((back.holder.format, back.holder.boot_id), (2, None));
+        for bad in [&b"[]"[..], b"{}", br#"{"expires":"soon"}"#, b"{\"half\": "] {
+            assert!(
+                OwnerRecord::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     proptest! {

@@ -1,9 +1,11 @@
 //! Root discovery (SPEC §5 "Project root R").
 //!
-//! `--root DIR` wins and must exist; otherwise the nearest ancestor of the
-//! current directory (itself included) holding `.git` (directory or file),
-//! `.svn` or `.apache-magpie.lock`. Only file-system metadata is read: no
-//! `git` or `svn` process is ever started.
+//! The nearest ancestor (itself included) holding `.git` (directory or file),
+//! `.svn` or `.apache-magpie.lock` of `--root DIR` (which must exist) when
+//! given, else of the current directory. `--root` at a folder below a
+//! checkout therefore names that checkout; only when neither DIR nor any
+//! ancestor holds a marker is DIR itself the root. Only file-system metadata
+//! is read: no `git` or `svn` process is ever started.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,7 @@ use crate::error::{Error, Result};
 /// Names whose presence makes a directory a project root.
 pub const MARKERS: [&str; 3] = [".git", ".svn", ".apache-magpie.lock"];
 
-/// Finds the project root from an explicit `--root` or from `cwd` upwards.
+/// Finds the project root from an explicit `--root` or `cwd` upwards.
 ///
 /// # Errors
 /// [`Error::NoRoot`] when `--root` does not name a directory or when no
@@ -26,7 +28,7 @@ pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf> {
             cwd.join(dir)
         };
         return match std::fs::canonicalize(&abs) {
-            Ok(p) if p.is_dir() => Ok(p),
+            Ok(p) if p.is_dir() => Ok(nearest_marked(&p).unwrap_or(p)),
             Ok(_) => Err(Error::NoRoot(format!(
                 "--root {} is not a directory; name an existing project directory",
                 abs.display()
@@ -37,21 +39,24 @@ pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf> {
             ))),
         };
     }
-    let mut dir = Some(cwd);
-    while let Some(d) = dir {
-        if MARKERS
-            .iter()
-            .any(|m| std::fs::symlink_metadata(d.join(m)).is_ok())
-        {
-            return Ok(d.to_path_buf());
-        }
-        dir = d.parent();
-    }
-    Err(Error::NoRoot(format!(
-        "no project root above {}: no ancestor holds .git, .svn or .apache-magpie.lock; \
+    nearest_marked(cwd).ok_or_else(|| {
+        Error::NoRoot(format!(
+            "no project root above {}: no ancestor holds .git, .svn or .apache-magpie.lock; \
          run inside a checkout or pass --root DIR",
-        cwd.display()
-    )))
+            cwd.display()
+        ))
+    })
+}
+
+/// The nearest of `dir` and its ancestors that holds a marker.
+fn nearest_marked(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .find(|d| {
+            MARKERS
+                .iter()
+                .any(|m| std::fs::symlink_metadata(d.join(m)).is_ok())
+        })
+        .map(Path::to_path_buf)
 }
 
 #[cfg(test)]
@@ -66,9 +71,20 @@ mod tests {
         std::fs::create_dir_all(top.join("a/b/c")).unwrap();
         assert_eq!(discover(None, &top.join("a/b/c")).unwrap(), top.join("a"));
         assert_eq!(discover(None, &top.join("a")).unwrap(), top.join("a"));
+        // --root starts discovery: a folder below a checkout names the checkout.
         assert_eq!(
             discover(Some(Path::new("b")), &top.join("a")).unwrap(),
-            top.join("a/b")
+            top.join("a")
+        );
+        assert_eq!(
+            discover(Some(&top.join("a/b/c")), &top).unwrap(),
+            top.join("a")
+        );
+        // No marker at or above DIR: DIR itself.
+        std::fs::create_dir_all(top.join("plain/x")).unwrap();
+        assert_eq!(
+            discover(Some(&top.join("plain/x")), &top).unwrap(),
+            top.join("plain/x")
         );
         assert!(matches!(
             discover(Some(Path::new("nope")), &top),

@@ -1,10 +1,15 @@
-//! Other Unix systems: no boot id or start time yet, so a pid
-//! is judged by existence alone (macOS: `sysctl kern.proc.pid` would add the
-//! start time, `kern.bootsessionuuid` the boot id).
+//! Other Unix systems: no boot id, namespaces or start time yet, so every
+//! record is judged by its lease alone (macOS: `sysctl kern.bootsessionuuid`
+//! would add the boot id, `kern.proc.pid` the start time, and
+//! `IOPlatformUUID` the machine).
 
-use crate::lease::BootClock;
+use super::Origin;
 
-pub(super) fn boot_clock() -> Option<BootClock> {
+pub(super) fn origin() -> Origin {
+    Origin::default()
+}
+
+pub(super) fn boot_ms() -> Option<u64> {
     None
 }
 

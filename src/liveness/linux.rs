@@ -1,20 +1,65 @@
-//! Linux: boot id and `CLOCK_BOOTTIME`, process start time from `/proc`.
+//! Linux: boot id, namespaces and machine id from `/proc` and `/etc`,
+//! `CLOCK_BOOTTIME`, process start time from `/proc/<pid>/stat`.
 
-use crate::lease::BootClock;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
-/// The boot id, read once per process (decisions read the clock again).
-fn boot_id() -> Option<&'static str> {
-    static ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    ID.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .ok()
-            .map(|id| id.trim().to_owned())
-    })
-    .as_deref()
+use sha2::{Digest, Sha256};
+
+use super::Origin;
+
+/// Inode of the initial pid namespace (`PROC_PID_INIT_INO`).
+const INIT_PID_NS: u64 = 0xEFFF_FFFC;
+
+fn ns_inode(kind: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/self/ns/{kind}"))
+        .ok()
+        .map(|m| m.ino())
 }
 
-pub(super) fn boot_clock() -> Option<BootClock> {
-    let id = boot_id()?;
+pub(super) fn origin() -> Origin {
+    let pid_ns = ns_inode("pid");
+    Origin {
+        machine: certain_machine(pid_ns),
+        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|id| id.trim().to_owned())
+            .filter(|id| !id.is_empty()),
+        pid_ns,
+        time_ns: ns_inode("time"),
+    }
+}
+
+fn machine_id_at(path: &str) -> Option<String> {
+    let id = std::fs::read_to_string(path).ok()?;
+    let id = id.trim();
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && id.bytes().any(|b| b != b'0'))
+        .then(|| id.to_ascii_lowercase())
+}
+
+/// A hash of `/etc/machine-id`, only when it is certainly this machine's own:
+/// not inside a container we can detect (another pid namespace than the
+/// initial one, `/.dockerenv`, `/run/.containerenv`), and not contradicted by
+/// `/var/lib/dbus/machine-id`. The id itself is never stored (systemd asks
+/// that it be kept private).
+fn certain_machine(pid_ns: Option<u64>) -> Option<String> {
+    if pid_ns != Some(INIT_PID_NS)
+        || Path::new("/.dockerenv").exists()
+        || Path::new("/run/.containerenv").exists()
+    {
+        return None;
+    }
+    let id = machine_id_at("/etc/machine-id")?;
+    if let Some(dbus) = machine_id_at("/var/lib/dbus/machine-id")
+        && dbus != id
+    {
+        return None;
+    }
+    let digest = Sha256::digest(format!("skill-lock machine {id}").as_bytes());
+    Some(digest.iter().take(16).map(|b| format!("{b:02x}")).collect())
+}
+
+pub(super) fn boot_ms() -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -23,11 +68,10 @@ pub(super) fn boot_clock() -> Option<BootClock> {
     if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) } != 0 {
         return None;
     }
-    let ms = u64::try_from(ts.tv_sec).ok()? * 1000 + u64::try_from(ts.tv_nsec).ok()? / 1_000_000;
-    Some(BootClock {
-        id: id.to_owned(),
-        ms,
-    })
+    u64::try_from(ts.tv_sec)
+        .ok()?
+        .checked_mul(1000)?
+        .checked_add(u64::try_from(ts.tv_nsec).ok()? / 1_000_000)
 }
 
 /// Field 22 of `/proc/<pid>/stat`: start time in clock ticks after boot.

@@ -1,12 +1,19 @@
-//! Liveness (SPEC §6): is a record's owner still there?
+//! Liveness (SPEC §6): is a record's owner certainly gone?
 //!
-//! Conservative by rule: a pid is judged only on the host, and the boot, that
-//! recorded it; `kill(pid, 0)` failing with ESRCH means dead, EPERM means
-//! alive; a live pid whose start time differs from the recorded one is a
-//! reused pid, so the owner is dead. Anything unknown counts as alive, so a
-//! lock is never taken from a holder that might still be running.
+//! This module answers only that question; whether a lease ran out is
+//! [`crate::lease`]'s (which asks here, never the other way round).
+//!
+//! Conservative by rule. A record carries the identity of the process that
+//! wrote it ([`Origin`]: machine, boot, pid namespace, time namespace). Its
+//! pid is judged only from the same boot **and** the same pid namespace:
+//! `kill(pid, 0)` failing with ESRCH means gone, EPERM means alive, a live
+//! pid whose start time differs from the recorded one is a reused pid. A
+//! reboot (another boot id) proves the owner gone only on the same machine,
+//! known by its own machine id (never one baked into a container image).
+//! The hostname proves nothing. Everything else, and anything unknown, is
+//! judged by its lease alone: a lock is never taken from a holder that might
+//! still be running.
 
-use crate::lease::{BootClock, Now, remaining_ms};
 use crate::record::Holder;
 
 #[cfg(target_os = "linux")]
@@ -18,40 +25,52 @@ mod fallback;
 #[cfg(not(target_os = "linux"))]
 use fallback as os;
 
-/// Why a lock is stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StaleReason {
-    /// now ≥ expires.
-    Expired,
-    /// The owner pid on this host is gone, reused, or the host rebooted.
-    OwnerDead,
-    /// The record cannot be read or parsed.
-    Corrupt,
+/// Where a process runs, as far as it can be known for certain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// This machine, when certain: a hash of its own machine id (none inside
+    /// a detectable container, whose id may be baked into its image).
+    pub machine: Option<String>,
+    /// The boot id (Linux: `/proc/sys/kernel/random/boot_id`).
+    pub boot_id: Option<String>,
+    /// The pid namespace (Linux: inode of `/proc/self/ns/pid`).
+    pub pid_ns: Option<u64>,
+    /// The time namespace (Linux: inode of `/proc/self/ns/time`).
+    pub time_ns: Option<u64>,
 }
 
-impl StaleReason {
-    /// The SPEC spelling.
+impl Origin {
+    /// This process's origin, read once per process.
+    ///
+    /// A process that names itself another host (`SKILL_LOCK_HOST`, for tests
+    /// of cross-host behaviour) vouches for no identity at all: its records
+    /// are judged by their lease alone, and it judges others' the same way.
     #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Expired => "expired",
-            Self::OwnerDead => "owner_dead",
-            Self::Corrupt => "corrupt",
-        }
+    pub fn here() -> &'static Self {
+        static HERE: std::sync::OnceLock<Origin> = std::sync::OnceLock::new();
+        HERE.get_or_init(|| {
+            if host_override().is_some() {
+                Self::default()
+            } else {
+                os::origin()
+            }
+        })
     }
+}
+
+fn host_override() -> Option<String> {
+    std::env::var_os("SKILL_LOCK_HOST")
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
 }
 
 /// Hostname of this machine (`SKILL_LOCK_HOST` overrides it, for tests of
-/// cross-host behaviour).
+/// cross-host behaviour). Shown in records; never proves anything.
 #[must_use]
 pub fn hostname() -> String {
-    if let Some(h) = std::env::var_os("SKILL_LOCK_HOST").and_then(|h| h.into_string().ok())
-        && !h.is_empty()
-    {
-        return h;
-    }
-    system_hostname().unwrap_or_else(|| "localhost".to_owned())
+    host_override()
+        .or_else(system_hostname)
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 fn system_hostname() -> Option<String> {
@@ -68,10 +87,11 @@ fn system_hostname() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// The boot-time clock, where the OS has one.
+/// Milliseconds on the boot-time clock (Linux `CLOCK_BOOTTIME`), where the
+/// OS has one.
 #[must_use]
-pub fn boot_clock() -> Option<BootClock> {
-    os::boot_clock()
+pub fn boot_ms() -> Option<u64> {
+    os::boot_ms()
 }
 
 /// Start time of a process (opaque units, comparable on one boot), if known.
@@ -80,7 +100,7 @@ pub fn process_start(pid: u32) -> Option<u64> {
     os::process_start(pid)
 }
 
-/// Does a process with this pid exist on this host? (`None`: cannot tell.)
+/// Does a process with this pid exist here? (`None`: cannot tell.)
 #[must_use]
 pub fn pid_exists(pid: u32) -> Option<bool> {
     let Ok(raw) = libc::pid_t::try_from(pid) else {
@@ -101,19 +121,40 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
     }
 }
 
-/// Is the owner pid named by `holder` known to be dead?
+fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
+    matches!((a, b), (Some(x), Some(y)) if x == y)
+}
+
+/// True when a pid recorded in `holder` means the same process here: same
+/// boot and same pid namespace, both known.
 #[must_use]
-pub fn owner_dead(holder: &Holder, host: &str, now: &Now) -> bool {
+pub fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
+    same(holder.boot_id.as_ref(), here.boot_id.as_ref())
+        && same(holder.pid_ns.as_ref(), here.pid_ns.as_ref())
+}
+
+/// True when `holder` was certainly written on this machine before its
+/// current boot: the same certain machine id, another boot id.
+#[must_use]
+pub fn rebooted_since(holder: &Holder, here: &Origin) -> bool {
+    same(holder.machine.as_ref(), here.machine.as_ref())
+        && matches!(
+            (holder.boot_id.as_ref(), here.boot_id.as_ref()),
+            (Some(theirs), Some(ours)) if theirs != ours
+        )
+}
+
+/// Is the owner named by `holder` certainly gone, seen from `here`?
+#[must_use]
+pub fn owner_gone(holder: &Holder, here: &Origin) -> bool {
     let Some(pid) = holder.owner_pid else {
         return false;
     };
-    if holder.host != host {
-        return false;
-    }
-    if let (Some(theirs), Some(ours)) = (holder.boot_id.as_deref(), now.boot.as_ref())
-        && theirs != ours.id
-    {
+    if rebooted_since(holder, here) {
         return true;
+    }
+    if !pid_comparable(holder, here) {
+        return false;
     }
     match pid_exists(pid) {
         Some(false) => true,
@@ -125,60 +166,79 @@ pub fn owner_dead(holder: &Holder, host: &str, now: &Now) -> bool {
     }
 }
 
-/// The verdict on a readable record.
-#[must_use]
-pub fn judge(holder: &Holder, host: &str, now: &Now) -> Option<StaleReason> {
-    if remaining_ms(holder, now) <= 0 {
-        Some(StaleReason::Expired)
-    } else if owner_dead(holder, host, now) {
-        Some(StaleReason::OwnerDead)
-    } else {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::record::tests::sample;
 
+    fn here_now() -> Origin {
+        let mut o = os::origin();
+        // Judge as the machine itself would, even inside this test's container.
+        o.machine = Some("this-machine".into());
+        o
+    }
+
+    fn holder_of(here: &Origin, pid: u32) -> Holder {
+        let mut h = sample(None).holder;
+        h.host = "anything".into();
+        h.machine.clone_from(&here.machine);
+        h.boot_id.clone_from(&here.boot_id);
+        h.pid_ns = here.pid_ns;
+        h.time_ns = here.time_ns;
+        h.owner_pid = Some(pid);
+        h.owner_start = process_start(pid);
+        h
+    }
+
     #[test]
     fn own_process_is_alive_and_a_reaped_child_is_dead() {
+        let here = here_now();
         let me = std::process::id();
         assert_eq!(pid_exists(me), Some(true));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
         assert_eq!(pid_exists(pid), Some(false));
-        let now = Now::read();
-        let mut h = sample(None).holder;
-        h.host = "here".into();
-        h.boot_id = now.boot.as_ref().map(|b| b.id.clone());
-        h.owner_pid = Some(me);
-        h.owner_start = process_start(me);
-        assert!(!owner_dead(&h, "here", &now));
-        assert!(!owner_dead(&h, "elsewhere-pid-not-judged", &now));
-        h.owner_pid = Some(pid);
-        assert!(owner_dead(&h, "here", &now));
-        assert!(!owner_dead(&h, "other-host", &now));
+        let h = holder_of(&here, me);
+        assert!(!owner_gone(&h, &here));
+        let mut dead = holder_of(&here, pid);
+        dead.owner_start = None;
+        if here.boot_id.is_some() && here.pid_ns.is_some() {
+            assert!(owner_gone(&dead, &here));
+        }
+        // Another pid namespace or boot id, or no identity at all: the pid
+        // is never looked up, whatever the hostname says.
+        let mut other_ns = dead.clone();
+        other_ns.pid_ns = other_ns.pid_ns.map(|n| n + 1);
+        assert!(!owner_gone(&other_ns, &here));
+        let mut unknown = dead.clone();
+        (unknown.boot_id, unknown.pid_ns, unknown.machine) = (None, None, None);
+        assert!(!owner_gone(&unknown, &here));
+        assert!(!owner_gone(&dead, &Origin::default()));
     }
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn reused_pid_and_reboot_count_as_dead() {
-        let now = Now::read();
+    fn reused_pid_and_reboot_count_as_dead_only_when_certain() {
+        let here = here_now();
         let me = std::process::id();
-        let mut h = sample(None).holder;
-        h.host = "here".into();
-        h.owner_pid = Some(me);
-        h.boot_id = now.boot.as_ref().map(|b| b.id.clone());
+        let mut h = holder_of(&here, me);
         h.owner_start = process_start(me).map(|s| s + 1);
-        assert!(
-            owner_dead(&h, "here", &now),
-            "start time differs: reused pid"
-        );
+        assert!(owner_gone(&h, &here), "start time differs: reused pid");
         h.owner_start = process_start(me);
         h.boot_id = Some("another-boot".into());
-        assert!(owner_dead(&h, "here", &now), "host rebooted since");
+        assert!(owner_gone(&h, &here), "this machine rebooted since");
+        // Another machine (a cloned VM or a container with the same
+        // hostname), or a machine id that is not certain: lease alone.
+        h.machine = Some("another-machine".into());
+        assert!(!owner_gone(&h, &here));
+        h.machine = None;
+        assert!(!owner_gone(&h, &here));
+        let uncertain = Origin {
+            machine: None,
+            ..here.clone()
+        };
+        h.machine.clone_from(&here.machine);
+        assert!(!owner_gone(&h, &uncertain));
     }
 }
