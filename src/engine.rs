@@ -14,6 +14,27 @@ use crate::liveness::{self, StaleReason};
 use crate::record::{FORMAT, Holder, OwnerRecord, hash_token, new_token};
 use crate::store::{Change, Current, Decision, Store};
 
+/// Where a decision reads the time: the system clocks, or one fixed reading
+/// (a test pins it so that a decision sees exactly the time it was given).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Clock {
+    /// Read the system clocks each time ([`Now::read`]).
+    System,
+    /// Always this reading.
+    Fixed(Now),
+}
+
+impl Clock {
+    /// The time now, by this clock.
+    #[must_use]
+    pub fn now(&self) -> Now {
+        match self {
+            Self::System => Now::read(),
+            Self::Fixed(now) => now.clone(),
+        }
+    }
+}
+
 /// Who is asking: the host and clock every judgement uses.
 #[derive(Debug, Clone)]
 pub struct Context {
@@ -21,29 +42,34 @@ pub struct Context {
     pub host: String,
     /// The clocks, read when the command started.
     pub now: Now,
-    /// Where decisions read the clock again, inside the critical section
-    /// (`Now::read`; a test may pin it to `now`).
-    pub clock: Option<fn() -> Now>,
+    /// Where decisions read the clock again, inside the critical section.
+    pub clock: Clock,
 }
 
 impl Context {
-    /// Reads the hostname and the clocks.
+    /// Reads the hostname and the system clocks.
     #[must_use]
     pub fn here() -> Self {
+        Self::with_clock(Clock::System)
+    }
+
+    /// Reads the hostname; the time comes from `clock`.
+    #[must_use]
+    pub fn with_clock(clock: Clock) -> Self {
         Self {
             host: liveness::hostname(),
-            now: Now::read(),
-            clock: Some(Now::read),
+            now: clock.now(),
+            clock,
         }
     }
 
-    /// The context with the clock read again (when it has a clock).
+    /// The context with the clock read again.
     #[must_use]
     pub fn at_decision(&self) -> Self {
         Self {
             host: self.host.clone(),
-            now: self.clock.map_or_else(|| self.now.clone(), |read| read()),
-            clock: self.clock,
+            now: self.clock.now(),
+            clock: self.clock.clone(),
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! `Err` means "could not find out or could not act": someone else holding a
 //! lock is an outcome, never an error. Every variant maps to exactly one SPEC
-//! error code and exit status 2, and its message says what to do.
+//! error code and exit status 2 ([`crate::output::ExitStatus::Error`]), and
+//! its message says what to do.
 
 use std::io;
 use std::path::PathBuf;
@@ -92,12 +93,6 @@ impl Error {
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Internal(_) => "internal",
         }
-    }
-
-    /// Exit status of every error (SPEC §2 "Exit status").
-    #[must_use]
-    pub fn exit_code(&self) -> u8 {
-        2
     }
 }
 

@@ -83,8 +83,12 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
     let left = v["expires_in"].as_u64().unwrap();
     assert!((598..=601).contains(&left), "{left}");
     let hint = v["hint"].as_str().unwrap();
+    // Not on PATH here: the hint names this program by its absolute path.
     assert!(
-        hint.starts_with("skill-lock release issue-triage --repo Apache/AIRFLOW --force"),
+        hint.starts_with(&format!(
+            "{} release issue-triage --repo Apache/AIRFLOW --force",
+            common::BIN
+        )),
         "{hint}"
     );
     assert!(!held.stdout.contains(&token));
