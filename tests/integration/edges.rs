@@ -2,7 +2,7 @@
 //! clear error object or a documented safe outcome, never a panic or a
 //! half-written file.
 
-mod common;
+use crate::common;
 
 use common::{TestEnv, tree};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! The contract of SPEC §2-§6 through the real binary, in real temporary git
 //! repositories, worktrees, svn-like folders and plain folders.
 
-mod common;
+use crate::common;
 
 use common::{TestEnv, Value, tree};
 use std::path::Path;

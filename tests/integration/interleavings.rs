@@ -9,7 +9,7 @@
 //! there is exactly one winner, never an order. The tests with one queued
 //! process are fully deterministic.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;

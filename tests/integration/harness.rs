@@ -1,0 +1,516 @@
+//! A small harness shared by the integration tests: a temporary directory,
+//! real git/svn-like fixtures, and the real binary run with a cleared
+//! environment, its one JSON object decoded.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub use serde_json::Value;
+
+/// Path of the binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
+
+/// A temporary world for one test.
+pub struct TestEnv {
+    _dir: tempfile::TempDir,
+    pub root: PathBuf,
+}
+
+impl TestEnv {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical tempdir");
+        Self { _dir: dir, root }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// A real git repository made by `git init` (the tool itself never runs git).
+    pub fn git_repo(&self, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        std::fs::create_dir_all(&dir).unwrap();
+        git(&dir, &["init", "-q", "-b", "main"]);
+        git(
+            &dir,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                "init",
+            ],
+        );
+        dir
+    }
+
+    /// A linked worktree of `repo` at `rel`.
+    pub fn worktree(&self, repo: &Path, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        git(
+            repo,
+            &["worktree", "add", "-q", "-b", rel, dir.to_str().unwrap()],
+        );
+        dir
+    }
+
+    /// A folder that looks like an svn checkout.
+    pub fn svn_dir(&self, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        std::fs::create_dir_all(dir.join(".svn")).unwrap();
+        dir
+    }
+
+    pub fn dir(&self, rel: &str) -> PathBuf {
+        let dir = self.path(rel);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// The binary, to be run in `cwd`.
+    pub fn cmd(&self, cwd: &Path) -> Cmd {
+        Cmd::new(cwd)
+    }
+}
+
+pub fn git(dir: &Path, args: &[&str]) {
+    let st = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("git runs");
+    assert!(st.success(), "git {args:?} failed");
+}
+
+/// One invocation of the binary, built fluently.
+pub struct Cmd {
+    inner: Command,
+}
+
+impl Cmd {
+    pub fn new(cwd: &Path) -> Self {
+        let mut inner = Command::new(BIN);
+        inner.current_dir(cwd).env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            inner.env("PATH", path);
+        }
+        Self { inner }
+    }
+
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
+        self.inner.arg(a);
+        self
+    }
+
+    pub fn args<I, S>(mut self, a: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.inner.args(a);
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: impl AsRef<OsStr>) -> Self {
+        self.inner.env(k, v);
+        self
+    }
+
+    pub fn command(self) -> Command {
+        self.inner
+    }
+
+    pub fn run(mut self) -> Out {
+        let out = self
+            .inner
+            .stdin(Stdio::null())
+            .output()
+            .expect("binary runs");
+        Out::from(out)
+    }
+}
+
+/// What one invocation printed.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub json: Value,
+}
+
+impl From<std::process::Output> for Out {
+    fn from(out: std::process::Output) -> Self {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let json = if stdout.ends_with('\n') && stdout.matches('\n').count() == 1 {
+            serde_json::from_str(&stdout).unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        Self {
+            code: out.status.code().unwrap_or(-1),
+            stdout,
+            stderr,
+            json,
+        }
+    }
+}
+
+impl Out {
+    /// Asserts the exit status and the `result`, and returns the JSON.
+    #[track_caller]
+    pub fn expect(&self, code: i32, result: &str) -> &Value {
+        assert_eq!(
+            (self.code, self.json["result"].as_str()),
+            (code, Some(result)),
+            "stdout: {}\nstderr: {}",
+            self.stdout,
+            self.stderr
+        );
+        &self.json
+    }
+
+    /// Asserts an error object with this code and exit status 2.
+    #[track_caller]
+    pub fn expect_error(&self, code: &str) -> &Value {
+        let v = self.expect(2, "error");
+        assert_eq!(v["error"], code, "{}", self.stdout);
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+        v
+    }
+}
+
+/// Every file and directory below `dir`, relative, sorted.
+pub fn tree(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, d: &Path, out: &mut Vec<String>) {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    walk(base, &p, out);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// xorshift64*: no `rand` crate, and a seed that can be replayed.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator replaying `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// A generator seeded from the clock, the pid and a salt.
+    pub fn seeded(salt: u64) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Self::new(nanos ^ (u64::from(std::process::id()) << 32) ^ salt)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The `fence` of a result, if it has one.
+pub fn fence_of(v: &Value) -> Option<u64> {
+    v["fence"].as_u64()
+}
+
+/// The `holder.fence` of a result, if it has one.
+pub fn holder_fence(v: &Value) -> Option<u64> {
+    v["holder"]["fence"].as_u64()
+}
+
+/// The `fence` of a result that must have one.
+#[track_caller]
+pub fn must_fence(v: &Value) -> u64 {
+    fence_of(v).unwrap_or_else(|| panic!("no fence in {v}"))
+}
+
+/// The `holder.fence` of a result that must have one.
+#[track_caller]
+pub fn must_holder_fence(v: &Value) -> u64 {
+    holder_fence(v).unwrap_or_else(|| panic!("no holder.fence in {v}"))
+}
+
+/// A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
+/// each returning a typed mirror of the wire object (unknown fields refused,
+/// so a field added or renamed on the wire fails the tests that read it).
+pub mod verbs {
+    use std::path::{Path, PathBuf};
+
+    use serde::Deserialize;
+
+    use super::{Cmd, Out};
+
+    /// The `holder` object (SPEC §4).
+    #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Holder {
+        pub skill: String,
+        pub repo: String,
+        pub started: String,
+        pub expires: String,
+        pub renewed: Option<String>,
+        pub ttl: u64,
+        pub note: Option<String>,
+        pub host: String,
+        pub owner_pid: Option<u32>,
+        pub fence: u64,
+        pub boot_id: Option<String>,
+        pub owner_start: Option<u64>,
+        pub deadline_boot_ms: Option<u64>,
+        pub format: u32,
+    }
+
+    /// A `took_over` object.
+    #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct TookOver {
+        pub reason: String,
+        pub holder: Option<Holder>,
+    }
+
+    /// Every wire object this harness reads, tagged by `result` (the command
+    /// decides between the shapes that share a name, e.g. `not_owner`).
+    #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+    #[serde(tag = "result", rename_all = "snake_case", deny_unknown_fields)]
+    pub enum Reply {
+        Acquired {
+            skill: String,
+            repo: String,
+            lock: String,
+            token: String,
+            started: String,
+            expires: String,
+            ttl: u64,
+            note: Option<String>,
+            owner_pid: Option<u32>,
+            fence: u64,
+            took_over: Option<TookOver>,
+        },
+        AlreadyRunning {
+            skill: String,
+            repo: String,
+            lock: String,
+            holder: Holder,
+            expires_in: u64,
+            hint: String,
+        },
+        Renewed {
+            skill: String,
+            repo: String,
+            lock: String,
+            expires: String,
+            renewed: String,
+            ttl: u64,
+            fence: u64,
+            was_expired: bool,
+            expires_in: u64,
+        },
+        Released {
+            skill: String,
+            repo: String,
+            lock: String,
+            forced: bool,
+            holder: Option<Holder>,
+        },
+        Refused {
+            skill: String,
+            repo: String,
+            lock: String,
+            holder: Option<Holder>,
+        },
+        Held {
+            skill: String,
+            repo: String,
+            lock: String,
+            expires: String,
+            fence: u64,
+            expires_in: u64,
+        },
+        NotOwner {
+            skill: String,
+            repo: String,
+            lock: String,
+            holder: Option<Holder>,
+            #[serde(default)]
+            expires_in: Option<u64>,
+        },
+        NotHeld {
+            skill: String,
+            repo: String,
+            lock: String,
+            #[serde(default)]
+            stale_reason: Option<String>,
+        },
+        Expired {
+            skill: String,
+            repo: String,
+            lock: String,
+            expires: String,
+            fence: u64,
+            stale_reason: String,
+        },
+        Error {
+            error: String,
+            message: String,
+            #[serde(default)]
+            skill: Option<String>,
+            #[serde(default)]
+            repo: Option<String>,
+        },
+    }
+
+    impl Reply {
+        /// The token of an `acquired` reply.
+        #[track_caller]
+        pub fn token(&self) -> &str {
+            match self {
+                Self::Acquired { token, .. } => token,
+                other => panic!("not acquired: {other:?}"),
+            }
+        }
+
+        /// The fence of a reply that carries one.
+        pub fn fence(&self) -> Option<u64> {
+            match self {
+                Self::Acquired { fence, .. }
+                | Self::Renewed { fence, .. }
+                | Self::Held { fence, .. }
+                | Self::Expired { fence, .. } => Some(*fence),
+                _ => None,
+            }
+        }
+    }
+
+    /// One lock, reached from one directory: the verbs of SPEC §2.
+    pub struct Lock {
+        cwd: PathBuf,
+        skill: String,
+        repo: String,
+        global: Vec<String>,
+    }
+
+    impl Lock {
+        /// The lock (`skill`, `repo`) seen from `cwd`.
+        pub fn new(cwd: &Path, skill: &str, repo: &str) -> Self {
+            Self {
+                cwd: cwd.to_path_buf(),
+                skill: skill.to_owned(),
+                repo: repo.to_owned(),
+                global: Vec::new(),
+            }
+        }
+
+        /// The same lock in the store `url` (`--store`).
+        pub fn in_store(mut self, url: &str) -> Self {
+            self.global = vec!["--store".into(), url.into()];
+            self
+        }
+
+        /// The command `verb` on this lock, with `extra` arguments.
+        pub fn cmd(&self, verb: &str, extra: &[&str]) -> Cmd {
+            Cmd::new(&self.cwd)
+                .args([verb, self.skill.as_str(), "--repo", self.repo.as_str()])
+                .args(extra)
+                .args(&self.global)
+        }
+
+        /// Runs `verb` and reads its reply, checking that the exit status is
+        /// the one its result means.
+        #[track_caller]
+        pub fn call(&self, verb: &str, extra: &[&str]) -> Reply {
+            let out = self.cmd(verb, extra).run();
+            reply(&out)
+        }
+
+        #[track_caller]
+        pub fn acquire(&self) -> Reply {
+            self.call("acquire", &[])
+        }
+
+        #[track_caller]
+        pub fn acquire_with(&self, extra: &[&str]) -> Reply {
+            self.call("acquire", extra)
+        }
+
+        #[track_caller]
+        pub fn check(&self, token: &str) -> Reply {
+            self.call("check", &["--token", token])
+        }
+
+        #[track_caller]
+        pub fn renew(&self, token: &str) -> Reply {
+            self.call("renew", &["--token", token])
+        }
+
+        #[track_caller]
+        pub fn release(&self, token: &str) -> Reply {
+            self.call("release", &["--token", token])
+        }
+
+        #[track_caller]
+        pub fn force_release(&self) -> Reply {
+            self.call("release", &["--force"])
+        }
+    }
+
+    /// The typed reply of one invocation; its exit status must match its result.
+    #[track_caller]
+    pub fn reply(out: &Out) -> Reply {
+        let r: Reply = serde_json::from_str(out.stdout.trim_end()).unwrap_or_else(|e| {
+            panic!(
+                "not a known reply ({e}):\nstdout: {}\nstderr: {}",
+                out.stdout, out.stderr
+            )
+        });
+        let want = match &r {
+            Reply::Acquired { .. }
+            | Reply::Renewed { .. }
+            | Reply::Released { .. }
+            | Reply::Held { .. } => 0,
+            Reply::NotHeld { .. } => out.code, // 0 for release, 4 for renew/check
+            Reply::AlreadyRunning { .. } => 3,
+            Reply::Refused { .. } | Reply::NotOwner { .. } | Reply::Expired { .. } => 4,
+            Reply::Error { .. } => 2,
+        };
+        assert_eq!(out.code, want, "exit status of {r:?}");
+        r
+    }
+}

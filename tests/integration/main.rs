@@ -1,0 +1,22 @@
+//! Every integration test in one binary (one link instead of one per file).
+//! Each module keeps its old file name, so `cargo test --test integration cli::`
+//! runs what `cargo test --test cli` ran. `harness` is the shared world:
+//! temporary repos, the real binary, and a harness that speaks in verbs.
+
+mod harness;
+/// The old name of the harness, kept for tests written against `common::`.
+use harness as common;
+
+mod cli;
+mod conformance;
+mod docs;
+mod edges;
+mod etcd_faults;
+mod etcd_tls;
+mod example;
+mod history;
+mod interleavings;
+mod races;
+mod stress;
+mod verbs;
+mod wait_run;
