@@ -24,12 +24,14 @@ Exit status:
   3  already_running: someone else holds the lock (not a failure of the sweep)
   4  not yours: renew/check/release with a token that is not the live holder's
 
-Typical write phase of a skill:
-  out=$(skill-lock acquire issue-triage --repo apache/airflow --note \"run 42\")
-  case $? in 0) ;; 3) echo \"held: $out\"; exit 0 ;; *) echo \"$out\" >&2; exit 2 ;; esac
-  token=$(printf '%s' \"$out\" | jq -r .token)
-  skill-lock check issue-triage --repo apache/airflow --token \"$token\" || exit 0   # before each post
-  skill-lock release issue-triage --repo apache/airflow --token \"$token\"
+Typical write phase of a skill (docs/write-lock.md; runs under set -euo pipefail):
+  rc=0; out=$(skill-lock acquire issue-triage --repo apache/airflow --note \"run 42\") || rc=$?
+  case $rc in 0) ;; 3) echo \"held, not posting: $out\"; exit 0 ;; *) echo \"$out\" >&2; exit 2 ;; esac
+  token=$(printf '%s\\n' \"$out\" | sed -n 's/.*\"token\":\"\\([0-9a-f]*\\)\".*/\\1/p')
+  # Release with the token whenever the script ends (recap done, or stop-and-surface).
+  trap 'skill-lock release issue-triage --repo apache/airflow --token \"$token\" || true' EXIT
+  skill-lock check issue-triage --repo apache/airflow --token \"$token\" >/dev/null || exit 4
+  echo \"post 1\"   # each post: check first, then post
 
 Locks live in the personal layer of the project (e.g. .git/apache-magpie/run/locks/),
 never in the working tree. See the README for the full contract.";
@@ -319,18 +321,52 @@ pub fn command() -> clap::Command {
     Cli::command()
 }
 
-/// clap's complaint on one line, without its usage block.
-fn usage_message(e: &clap::Error) -> String {
+/// clap's complaint on one line, without its usage block, with clap's
+/// suggestions ("did you mean 'acquire'?"), the fix for the most common
+/// mistake of `run` (CMD without `--`), and the help of the subcommand.
+fn usage_message(e: &clap::Error, args: &[OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     let text = e.render().to_string();
     let body: Vec<&str> = text
         .lines()
         .take_while(|l| !l.starts_with("Usage:"))
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("tip:") && !l.starts_with("For more information")
+        })
         .collect();
-    let body = body.join(" ");
-    let body = body.trim_start_matches("error: ");
-    format!("{body}; run 'skill-lock --help' for usage")
+    let mut parts = vec![body.join(" ").trim_start_matches("error: ").to_owned()];
+    for kind in [
+        ContextKind::SuggestedSubcommand,
+        ContextKind::SuggestedArg,
+        ContextKind::SuggestedValue,
+    ] {
+        let names = match e.get(kind) {
+            Some(ContextValue::String(one)) => vec![one.clone()],
+            Some(ContextValue::Strings(many)) => many.clone(),
+            _ => continue,
+        };
+        let names: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+        if !names.is_empty() {
+            parts.push(format!("did you mean {}?", names.join(" or ")));
+        }
+    }
+    let word = command_word(args).filter(|w| command().find_subcommand(w).is_some());
+    let stray = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => !arg.starts_with('-'),
+        _ => false,
+    };
+    if word == Some("run") && e.kind() == ErrorKind::UnknownArgument && stray {
+        parts.push(
+            "put -- before the command to run: skill-lock run SKILL --repo OWNER/NAME -- CMD [ARGS...]"
+                .to_owned(),
+        );
+    }
+    let help = word.map_or_else(
+        || "skill-lock --help".to_owned(),
+        |w| format!("skill-lock {w} --help"),
+    );
+    format!("{}; run '{help}' for usage", parts.join("; "))
 }
 
 /// The command word of an argument list that clap refused (skipping the
@@ -372,7 +408,7 @@ where
                 let _ = e.print();
                 return ExitStatus::Success;
             }
-            let report = Report::error(&Error::Usage(usage_message(&e)), None);
+            let report = Report::error(&Error::Usage(usage_message(&e, &args)), None);
             return report.emit(command_word(&args) == Some("run"));
         }
     };

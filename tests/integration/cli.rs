@@ -898,3 +898,123 @@ fn history_tells_who_held_it() {
     let text = std::fs::read_to_string(repo.join(".git/apache-magpie/run/history.jsonl")).unwrap();
     assert!(!text.contains(&tb), "history holds a token");
 }
+
+/// The write phase shown by `--help`, as a script: its lines, unindented.
+fn help_write_phase(env: &TestEnv) -> String {
+    let help = env.cmd(&env.root).arg("--help").run().stdout;
+    let start = help
+        .find("Typical write phase")
+        .expect("--help shows the write phase");
+    let block = &help[start..];
+    let end = block
+        .find("\n\n")
+        .expect("the example ends with a blank line");
+    block[..end]
+        .lines()
+        .skip(1)
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_help_write_phase_matches_the_docs_and_runs_under_set_euo_pipefail() {
+    let env = TestEnv::new();
+    let script = help_write_phase(&env);
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/write-lock.md"))
+            .unwrap();
+    for (verb, token) in [("acquire", false), ("check", true), ("release", true)] {
+        let in_help = format!("skill-lock {verb} issue-triage --repo apache/airflow");
+        let in_docs = format!("skill-lock {verb} <skill> --repo <owner/repo>");
+        assert!(script.contains(&in_help), "--help lacks {in_help}");
+        assert!(docs.contains(&in_docs), "docs lack {in_docs}");
+        if token {
+            let with = format!("{in_help} --token \"$token\"");
+            assert!(script.contains(&with), "--help lacks {with}");
+            assert!(docs.contains(&format!("{in_docs} --token <token>")));
+        }
+    }
+    // `skill-lock` on PATH is the binary under test.
+    let bin = env.dir("bin");
+    std::os::unix::fs::symlink(common::BIN, bin.join("skill-lock")).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let repo = env.git_repo("r");
+    let run = || {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("set -euo pipefail\n{script}"))
+            .current_dir(&repo)
+            .env_clear()
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let status = |what: &str| {
+        env.cmd(&repo)
+            .args(["status", "issue-triage", "--repo", "apache/airflow"])
+            .run()
+            .expect(0, "status")["state"]
+            == what
+    };
+    // Free: it posts, and the exit trap releases with the token.
+    let (code, out, err) = run();
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("post 1") && out.contains(r#""result":"released""#),
+        "{out}"
+    );
+    assert!(status("free"));
+    // Held by another run: no post, exit 0, and that run's lock is untouched.
+    env.cmd(&repo)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(0, "acquired");
+    let (code, out, err) = run();
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("held, not posting") && !out.contains("post 1"),
+        "{out}"
+    );
+    assert!(status("held"));
+}
+
+#[test]
+fn usage_errors_suggest_and_point_to_the_subcommands_help() {
+    let env = TestEnv::new();
+    let msg = |args: &[&str]| {
+        let out = env.cmd(&env.root).args(args).run();
+        let out = if args[0] == "run" {
+            // run's object goes to stderr.
+            crate::common::Out {
+                json: serde_json::from_str(out.stderr.trim_end()).unwrap(),
+                ..out
+            }
+        } else {
+            out
+        };
+        out.expect_error("usage")["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let m = msg(&["aquire", "s", "--repo", "a/b"]);
+    assert!(m.contains("did you mean 'acquire'?"), "{m}");
+    assert!(m.ends_with("run 'skill-lock --help' for usage"), "{m}");
+    let m = msg(&["run", "x", "--repo", "a/b", "sh", "-c", "true"]);
+    assert!(m.contains("put -- before the command"), "{m}");
+    assert!(m.ends_with("run 'skill-lock run --help' for usage"), "{m}");
+    let m = msg(&["acquire", "x", "--repo"]);
+    assert_eq!(
+        m,
+        "a value is required for '--repo <OWNER/NAME>' but none was supplied; \
+         run 'skill-lock acquire --help' for usage"
+    );
+    let m = msg(&["renew", "x", "--repo", "a/b", "--tokn", "t"]);
+    assert!(m.contains("did you mean '--token'?"), "{m}");
+}

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::common::verbs::{Lock, Reply};
-use crate::common::{BIN, Cmd, TestEnv};
+use crate::common::{BIN, TestEnv};
 
 #[test]
 fn a_lock_lives_and_dies_by_its_token() {
@@ -154,12 +154,4 @@ fn hint_starts_with_the_launcher_and_names_the_store() {
         )
     );
     paste_releases(&hint, &env.root, "/usr/bin:/bin", &lock);
-}
-
-#[test]
-fn completions_print_a_script_without_a_project() {
-    let env = TestEnv::new();
-    let out = Cmd::new(&env.root).args(["completions", "bash"]).run();
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(out.stdout.contains("skill-lock") && out.stdout.contains("acquire"));
 }
