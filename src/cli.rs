@@ -424,11 +424,9 @@ where
         crate::run::prepare();
     }
     let lock = cli.command.lock_as_given();
-    let report = cli
-        .into_settings(env)
+    cli.into_settings(env)
         .and_then(|settings| crate::commands::execute(&settings))
-        .unwrap_or_else(|err| Report::error(&err, lock));
-    report.emit(to_stderr)
+        .unwrap_or_else(|err| Report::error(&err, lock).emit(to_stderr))
 }
 #[cfg(test)]
 mod tests {

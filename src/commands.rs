@@ -10,15 +10,26 @@ use crate::engine::{self, Acquire, AcquireRequest, Clock, Context};
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::lease;
-use crate::output::{About, Report};
+use crate::output::{About, ExitStatus, Report};
 use crate::store::{AnyStore, Store};
 
-/// Carries out the settings' action.
+/// Carries out the settings' action and prints its object (on stderr for
+/// `run`); returns the exit status.
 ///
 /// # Errors
-/// Anything that stops the command before it reaches an outcome.
-pub fn execute(settings: &Settings) -> Result<Report> {
-    match &settings.action {
+/// Anything that stops the command before it reaches an outcome (nothing
+/// was printed then).
+pub fn execute(settings: &Settings) -> Result<ExitStatus> {
+    let report = match &settings.action {
+        Action::List => return list(settings),
+        other => report(settings, other)?,
+    };
+    Ok(report.emit(settings.action.reports_on_stderr()))
+}
+
+/// The object of every action but `list` (which prints as it reads).
+fn report(settings: &Settings, action: &Action) -> Result<Report> {
+    match action {
         Action::Acquire { key, req, wait } => acquire(settings, key, req, *wait),
         Action::Run {
             key,
@@ -29,7 +40,9 @@ pub fn execute(settings: &Settings) -> Result<Report> {
         Action::Renew { key, token, ttl } => renew(settings, key, token.as_deref(), *ttl),
         Action::Release { key, token, force } => release(settings, key, token.as_deref(), *force),
         Action::Status { key } => status(settings, key),
-        Action::List => list(settings),
+        Action::List => Err(crate::error::Error::Internal(
+            "list prints as it reads".into(),
+        )),
         Action::Check { key, token } => check(settings, key, token),
         Action::History { key, limit } => history(settings, key.as_ref(), *limit),
     }
@@ -98,10 +111,8 @@ fn status(settings: &Settings, key: &LockKey) -> Result<Report> {
     Ok(Report::status(state, about(settings, key)))
 }
 
-fn list(settings: &Settings) -> Result<Report> {
-    let store = store(settings);
-    let listing = store.list()?;
-    Ok(Report::list(store.describe(), listing, &context(settings)))
+fn list(settings: &Settings) -> Result<ExitStatus> {
+    crate::output::print_list(store(settings), &context(settings))
 }
 
 fn check(settings: &Settings, key: &LockKey, token: &str) -> Result<Report> {

@@ -2,12 +2,14 @@
 //! writer to stdout.
 //!
 //! Every invocation but `--help`/`--version`/`completions` prints exactly one
-//! [`Report`] as one line. [`Report`] is one type per wire object, tagged by
+//! JSON object as one line. [`Report`] is one type per wire object, tagged by
 //! `result`; fields appear in declaration order; a field that applies but has
 //! no value is `null`. Each object knows its [`ExitStatus`], and the
-//! conversions from engine outcomes to objects live here, beside them.
+//! conversions from engine outcomes to objects live here, beside them. The
+//! `list` object is written entry by entry as the store hands the locks over
+//! ([`print_list`]), so its locks are never all in memory.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 
 use serde::Serialize;
 
@@ -17,7 +19,7 @@ use crate::history::Event;
 use crate::key::LockKey;
 use crate::lease::{self, Now};
 use crate::record::{Holder, Timestamp};
-use crate::store::{Listing, Store};
+use crate::store::{Listed, Store};
 
 /// How an invocation exits (SPEC §2 "Exit status").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,17 +264,6 @@ pub struct ListEntry {
     pub lock: String,
 }
 
-/// `list`.
-#[derive(Debug, Clone, Serialize)]
-pub struct List {
-    /// Where it looked.
-    pub store: String,
-    /// Every lock, sorted by skill then repo.
-    pub locks: Vec<ListEntry>,
-    /// Leftovers of takeovers seen.
-    pub tombstones: usize,
-}
-
 /// `held` (check): the token holds a live lease.
 #[derive(Debug, Clone, Serialize)]
 pub struct Held {
@@ -351,8 +342,6 @@ pub enum Report {
     Refused(Refused),
     /// status: exit 0.
     Status(Status),
-    /// list: exit 0.
-    List(List),
     /// check: exit 0.
     Held(Held),
     /// check: exit 4.
@@ -379,7 +368,6 @@ impl Report {
             | Self::Released(_)
             | Self::ReleaseNotHeld(_)
             | Self::Status(_)
-            | Self::List(_)
             | Self::Held(_)
             | Self::History(_) => ExitStatus::Success,
             Self::AlreadyRunning(_) => ExitStatus::AlreadyRunning,
@@ -502,32 +490,6 @@ impl Report {
         })
     }
 
-    /// The object of a list, every lock judged with `ctx`, sorted by skill then repo.
-    #[must_use]
-    pub fn list(store: String, listing: Listing, ctx: &Context) -> Self {
-        let mut locks: Vec<ListEntry> = listing
-            .locks
-            .into_iter()
-            .filter_map(|l| {
-                let state = LockState::from(engine::judge(&l.current, ctx));
-                (!matches!(state, LockState::Free)).then(|| ListEntry {
-                    skill: l.key.skill().to_owned(),
-                    repo: l.key.repo().to_owned(),
-                    state,
-                    lock: l.location,
-                })
-            })
-            .collect();
-        locks.sort_by(|a, b| {
-            (&a.skill, a.repo.to_ascii_lowercase()).cmp(&(&b.skill, b.repo.to_ascii_lowercase()))
-        });
-        Self::List(List {
-            store,
-            locks,
-            tombstones: listing.tombstones,
-        })
-    }
-
     /// The object of a check.
     #[must_use]
     pub fn check(outcome: Check, about: About) -> Self {
@@ -584,5 +546,106 @@ impl Report {
             out.write_all(&line).and_then(|()| out.flush())
         };
         self.exit_status()
+    }
+}
+
+/// `list` (SPEC §2.5), written as it is read: `{"result":"list","store":..,
+/// "locks":[` then one [`ListEntry`] per lock, then `],"tombstones":N}`.
+struct ListWriter<W: Write> {
+    out: W,
+    first: bool,
+}
+
+impl<W: Write> ListWriter<W> {
+    fn start(mut out: W, store: &str) -> std::io::Result<Self> {
+        out.write_all(br#"{"result":"list","store":"#)?;
+        serde_json::to_writer(&mut out, store)?;
+        out.write_all(br#","locks":["#)?;
+        Ok(Self { out, first: true })
+    }
+
+    /// Judges one lock and writes it (a lock that turned out free is left out).
+    fn entry(&mut self, listed: Listed, ctx: &Context) -> std::io::Result<()> {
+        let state = LockState::from(engine::judge(&listed.current, ctx));
+        if matches!(state, LockState::Free) {
+            return Ok(());
+        }
+        let entry = ListEntry {
+            skill: listed.key.skill().to_owned(),
+            repo: listed.key.repo().to_owned(),
+            state,
+            lock: listed.location,
+        };
+        if !self.first {
+            self.out.write_all(b",")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.out, &entry)?;
+        Ok(())
+    }
+
+    fn finish(mut self, tombstones: usize) -> std::io::Result<W> {
+        writeln!(self.out, r#"],"tombstones":{tombstones}}}"#)?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// Counts the bytes that reached the writer, to know whether anything did.
+struct Counted<W: Write> {
+    inner: W,
+    written: usize,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Prints the `list` object of `store` on stdout, judging each lock with
+/// `ctx` as it is read, and returns its exit status. A closed pipe is not an
+/// error.
+///
+/// # Errors
+/// A store failure before any byte reached stdout (the caller prints the
+/// error object instead). A failure after that ends the broken line, puts the
+/// error object on stderr and returns [`ExitStatus::Error`].
+pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error> {
+    let stdout = Counted {
+        inner: std::io::stdout().lock(),
+        written: 0,
+    };
+    let buffered = BufWriter::with_capacity(64 * 1024, stdout);
+    let Ok(mut list) = ListWriter::start(buffered, &store.describe()) else {
+        return Ok(ExitStatus::Success);
+    };
+    let mut closed = false;
+    let visited = store.visit_locks(&mut |lock| {
+        list.entry(lock, ctx).map_err(|e| {
+            closed = true;
+            Error::io("write", "standard output", e)
+        })
+    });
+    match visited {
+        Ok(tombstones) => {
+            let _ = list.finish(tombstones);
+            Ok(ExitStatus::Success)
+        }
+        Err(_) if closed => Ok(ExitStatus::Success),
+        Err(err) => {
+            let (mut stdout, _unwritten) = list.out.into_parts();
+            if stdout.written == 0 {
+                return Err(err);
+            }
+            let _ = stdout.write_all(b"\n");
+            Ok(Report::error(&err, None).emit(true))
+        }
     }
 }

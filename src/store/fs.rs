@@ -392,8 +392,19 @@ impl Store for FileStore {
     }
 
     fn list(&self) -> Result<Listing> {
-        let locks_dir = self.run.join("locks");
         let mut locks = Vec::new();
+        let tombstones = self.visit_locks(&mut |lock| {
+            locks.push(lock);
+            Ok(())
+        })?;
+        Ok(Listing { locks, tombstones })
+    }
+
+    /// Sorts the lock names first (each is its lowercase key), then reads
+    /// and hands over one record at a time.
+    fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
+        let locks_dir = self.run.join("locks");
+        let mut names = Vec::new();
         match std::fs::read_dir(&locks_dir) {
             Ok(dir) => {
                 for entry in dir {
@@ -403,25 +414,25 @@ impl Store for FileStore {
                     else {
                         continue;
                     };
-                    let Some(key) = LockKey::from_name(name) else {
-                        continue;
-                    };
-                    let path = entry.path();
-                    let current = read_lock_dir(&path)?;
-                    if current == Current::Free {
-                        continue;
+                    if let Some(key) = LockKey::from_name(name) {
+                        names.push((super::list_order(&key), key, entry.path()));
                     }
-                    locks.push(Listed::new(key, path.display().to_string(), current));
                 }
             }
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(Error::io("read", locks_dir, e)),
         }
-        let tombstones = match std::fs::read_dir(self.run.join("tombs")) {
+        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (_, key, path) in names {
+            let current = read_lock_dir(&path)?;
+            if current != Current::Free {
+                visit(Listed::new(key, path.display().to_string(), current))?;
+            }
+        }
+        Ok(match std::fs::read_dir(self.run.join("tombs")) {
             Ok(d) => d.count(),
             Err(_) => 0,
-        };
-        Ok(Listing { locks, tombstones })
+        })
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {

@@ -1018,3 +1018,45 @@ fn usage_errors_suggest_and_point_to_the_subcommands_help() {
     let m = msg(&["renew", "x", "--repo", "a/b", "--tokn", "t"]);
     assert!(m.contains("did you mean '--token'?"), "{m}");
 }
+
+/// `list` streams its locks in the order of SPEC §2.5: by skill, then by repo
+/// compared case-insensitively; not the byte order of the lock names (where
+/// `a.b@` sorts before `a@`). Enough locks to span several output buffers.
+#[test]
+fn list_is_sorted_by_skill_then_repo_across_many_locks() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let mut want = Vec::new();
+    for skill in ["a", "a.b", "A", "a-b", "b"] {
+        for repo_name in ["o/R", "O/a", "o/b"] {
+            want.push((skill.to_owned(), repo_name.to_owned()));
+        }
+    }
+    for i in 0..150 {
+        want.push((format!("bulk{i}"), "o/r".to_owned()));
+    }
+    for (skill, repo_name) in &want {
+        env.cmd(&repo)
+            .args(["acquire", skill, "--repo", repo_name, "--note"])
+            .arg("x".repeat(400))
+            .run()
+            .expect(0, "acquired");
+    }
+    want.sort_by_key(|(s, r)| (s.clone(), r.to_ascii_lowercase()));
+    let out = env.cmd(&repo).arg("list").run();
+    assert!(out.stdout.len() > 2 * 64 * 1024, "spans several buffers");
+    let v = out.expect(0, "list");
+    let got: Vec<(String, String)> = v["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["skill"].as_str().unwrap().to_owned(),
+                l["repo"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(v["tombstones"], 0);
+}
