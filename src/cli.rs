@@ -224,6 +224,10 @@ impl TakeArgs {
 }
 
 impl HistoryArgs {
+    #[allow(
+        clippy::unnecessary_debug_formatting,
+        reason = "the limit is shown quoted, as typed"
+    )]
     fn validate(&self) -> Result<(Option<LockKey>, usize)> {
         let key = match (&self.skill, &self.repo) {
             (Some(skill), Some(repo)) => Some(key_of(&LockArgs {
@@ -385,13 +389,6 @@ fn command_word(args: &[OsString]) -> Option<&str> {
     None
 }
 
-/// Prints the completion script for `shell` on stdout (SPEC §2).
-fn print_completions(shell: clap_complete::Shell) -> ExitStatus {
-    let mut out = std::io::stdout().lock();
-    clap_complete::generate(shell, &mut command(), "skill-lock", &mut out);
-    ExitStatus::Success
-}
-
 /// Runs one invocation: parses `args` (program name first), acts, prints
 /// exactly one JSON object (or help/version text) and returns the exit status.
 pub fn run<I, T>(args: I) -> ExitStatus
@@ -413,7 +410,7 @@ where
         }
     };
     if let Command::Completions { shell } = cli.command {
-        return print_completions(shell);
+        return crate::output::print_completions(&mut command(), shell);
     }
     let env = match Environment::read() {
         Ok(env) => env,

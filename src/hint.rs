@@ -9,6 +9,7 @@
 //! reaches the same lock from any directory. Every word is shell-quoted.
 
 use std::ffi::OsStr;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::config::{Environment, Settings, StoreSource};
@@ -31,22 +32,20 @@ pub fn shell_quote(s: &str) -> String {
 #[must_use]
 pub fn release_force(key: &LockKey, settings: &Settings) -> String {
     let mut line = launcher(&settings.env);
-    line.push_str(&format!(
+    let _ = write!(
+        line,
         " release {} --repo {} --force",
         shell_quote(key.skill()),
         shell_quote(key.repo())
-    ));
+    );
     let choice = &settings.store;
     match (choice.source, &choice.url, &choice.root) {
         (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
             let url = absolute_url(url, &settings.env.cwd);
-            line.push_str(&format!(" --store {}", shell_quote(&url)));
+            let _ = write!(line, " --store {}", shell_quote(&url));
         }
         (_, _, Some(root)) => {
-            line.push_str(&format!(
-                " --root {}",
-                shell_quote(&root.display().to_string())
-            ));
+            let _ = write!(line, " --root {}", shell_quote(&root.display().to_string()));
         }
         _ => {}
     }

@@ -137,6 +137,7 @@ pub struct Ran {
 
 /// `renewed` (renew).
 #[derive(Debug, Clone, Serialize)]
+#[allow(clippy::struct_field_names, reason = "the wire names its fields")]
 pub struct Renewed {
     #[serde(flatten)]
     about: About,
@@ -537,16 +538,29 @@ impl Report {
 
     /// Prints the object on stdout (or stderr for `run`) and returns its exit
     /// status. A closed pipe is not an error.
+    #[must_use = "the exit status is the process's"]
     pub fn emit(&self, to_stderr: bool) -> ExitStatus {
         let line = self.to_line();
         let _ = if to_stderr {
             std::io::stderr().lock().write_all(&line)
         } else {
-            let mut out = std::io::stdout().lock();
+            let mut out = stdout();
             out.write_all(&line).and_then(|()| out.flush())
         };
         self.exit_status()
     }
+}
+
+/// Standard output: only this module writes to it.
+#[allow(clippy::disallowed_methods, reason = "the one writer to stdout")]
+fn stdout() -> std::io::StdoutLock<'static> {
+    std::io::stdout().lock()
+}
+
+/// Prints the completion script of `cmd` for `shell` on stdout (SPEC §2).
+pub fn print_completions(cmd: &mut clap::Command, shell: clap_complete::Shell) -> ExitStatus {
+    clap_complete::generate(shell, cmd, "skill-lock", &mut stdout());
+    ExitStatus::Success
 }
 
 /// `list` (SPEC §2.5), written as it is read: `{"result":"list","store":..,
@@ -619,7 +633,7 @@ impl<W: Write> Write for Counted<W> {
 /// error object on stderr and returns [`ExitStatus::Error`].
 pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error> {
     let stdout = Counted {
-        inner: std::io::stdout().lock(),
+        inner: stdout(),
         written: 0,
     };
     let buffered = BufWriter::with_capacity(64 * 1024, stdout);

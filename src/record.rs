@@ -185,6 +185,10 @@ pub fn new_token() -> Result<String> {
 
 /// A short random suffix for unique file names.
 #[must_use]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the time only makes a name unique, it decides nothing"
+)]
 pub fn random_suffix() -> String {
     let mut buf = [0u8; 8];
     if getrandom::fill(&mut buf).is_err() {
