@@ -3,6 +3,7 @@
 
 use crate::common;
 
+use common::verbs::{Lock, Reply, reply};
 use common::{TestEnv, Value, tree};
 use std::path::Path;
 
@@ -111,59 +112,24 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
     assert_eq!(s["state"], "held");
     assert_holder(&s["holder"]);
 
-    env.cmd(&repo)
-        .args([
-            "check",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            &token,
-        ])
-        .run()
-        .expect(0, "held");
-    env.cmd(&repo)
-        .args([
-            "check",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            "0123",
-        ])
-        .run()
-        .expect(4, "not_owner");
-
-    let rel = env
-        .cmd(&repo)
-        .args([
-            "release",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            &token,
-        ])
-        .run();
-    let r = rel.expect(0, "released");
-    assert_eq!(r["forced"], false);
-    assert_eq!(r["holder"]["fence"], 1);
+    // The same steps in verbs, read into typed replies.
+    let triage = Lock::new(&repo, "issue-triage", "apache/airflow");
+    assert!(matches!(triage.check(&token), Reply::Held { fence: 1, .. }));
+    assert!(matches!(triage.check("0123"), Reply::NotOwner { .. }));
+    let Reply::Released {
+        forced: false,
+        holder: Some(removed),
+        ..
+    } = triage.release(&token)
+    else {
+        panic!("not released with its token")
+    };
+    assert_eq!(removed.fence, 1);
     assert!(!lock.exists());
-    env.cmd(&repo)
-        .args(["release", "issue-triage", "--repo", "apache/airflow"])
-        .run()
-        .expect(0, "not_held");
-    env.cmd(&repo)
-        .args([
-            "check",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            &token,
-        ])
-        .run()
-        .expect(4, "not_held");
+    let out = triage.cmd("release", &[]).run();
+    assert!(matches!(reply(&out), Reply::NotHeld { .. }) && out.code == 0);
+    let out = triage.cmd("check", &["--token", &token]).run();
+    assert!(matches!(reply(&out), Reply::NotHeld { .. }) && out.code == 4);
     let s = env
         .cmd(&repo)
         .args(["status", "issue-triage", "--repo", "apache/airflow"])
