@@ -414,16 +414,16 @@ impl Store for FileStore {
                     else {
                         continue;
                     };
-                    if let Some(key) = LockKey::from_name(name) {
-                        names.push((super::list_order(&key), key, entry.path()));
-                    }
+                    // A key parsed from a name has the repo in lowercase already.
+                    names.extend(LockKey::from_name(name));
                 }
             }
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(Error::io("read", locks_dir, e)),
         }
-        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (_, key, path) in names {
+        names.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
+        for key in names {
+            let path = locks_dir.join(format!("{}{LOCK_SUFFIX}", key.name()));
             let current = read_lock_dir(&path)?;
             if current != Current::Free {
                 visit(Listed::new(key, path.display().to_string(), current))?;
