@@ -154,7 +154,9 @@ impl FileStore {
 
     /// Creates `run/` and its parts, and `run/.gitignore`, where missing.
     fn ensure_layout(&self) -> Result<()> {
-        for sub in ["locks", "keys", "tmp", "tombs"] {
+        // `keys` last: a racer that finds it opens a guard and goes on to
+        // use `tmp`, `locks` and `tombs`, which must exist by then.
+        for sub in ["locks", "tmp", "tombs", "keys"] {
             let d = self.run.join(sub);
             mkdir(&d).map_err(|e| Error::io("create", &d, e))?;
         }
