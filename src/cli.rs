@@ -1,19 +1,19 @@
-//! Command line (SPEC §2): clap definitions, validation into settings, and the
-//! one place where outcomes become reports and exit statuses.
+//! Command line (SPEC §2): the clap definitions, and their validation into
+//! [`Settings`] in one place ([`Cli::into_settings`]). [`run`] is the whole
+//! program: parse, validate, act ([`crate::commands`]), print one object.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, StoreChoice, StoreSource};
-use crate::engine::{self, Acquire, AcquireRequest, Check, Context, Release, Renew, State};
+use crate::config::{self, Action, Environment, Settings};
+use crate::engine::AcquireRequest;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::lease;
-use crate::output::{ListEntry, Report, TookOverJson};
-use crate::store::Store;
+use crate::output::{ExitStatus, Report};
 
 const AFTER_HELP: &str = "\
 Every command prints one JSON object on one line (run: on stderr, as the last line).
@@ -24,12 +24,14 @@ Exit status:
   3  already_running: someone else holds the lock (not a failure of the sweep)
   4  not yours: renew/check/release with a token that is not the live holder's
 
-Typical write phase of a skill:
-  out=$(skill-lock acquire issue-triage --repo apache/airflow --note \"run 42\")
-  case $? in 0) ;; 3) echo \"held: $out\"; exit 0 ;; *) echo \"$out\" >&2; exit 2 ;; esac
-  token=$(printf '%s' \"$out\" | jq -r .token)
-  skill-lock check issue-triage --repo apache/airflow --token \"$token\" || exit 0   # before each post
-  skill-lock release issue-triage --repo apache/airflow --token \"$token\"
+Typical write phase of a skill (docs/write-lock.md; runs under set -euo pipefail):
+  rc=0; out=$(skill-lock acquire issue-triage --repo apache/airflow --note \"run 42\") || rc=$?
+  case $rc in 0) ;; 3) echo \"held, not posting: $out\"; exit 0 ;; *) echo \"$out\" >&2; exit 2 ;; esac
+  token=$(printf '%s\\n' \"$out\" | sed -n 's/.*\"token\":\"\\([0-9a-f]*\\)\".*/\\1/p')
+  # Release with the token whenever the script ends (recap done, or stop-and-surface).
+  trap 'skill-lock release issue-triage --repo apache/airflow --token \"$token\" || true' EXIT
+  skill-lock check issue-triage --repo apache/airflow --token \"$token\" >/dev/null || exit 4
+  echo \"post 1\"   # each post: check first, then post
 
 Locks live in the personal layer of the project (e.g. .git/apache-magpie/run/locks/),
 never in the working tree. See the README for the full contract.";
@@ -76,22 +78,6 @@ struct TakeArgs {
     /// Keep trying (jittered back-off) for up to SECS seconds before giving up.
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     wait: Option<OsString>,
-}
-
-impl TakeArgs {
-    /// Validates the lock, ttl, note and wait; `owner_pid` as given.
-    fn validate(
-        &self,
-        owner_pid: Option<u32>,
-    ) -> Result<(LockKey, AcquireRequest, Option<Duration>)> {
-        let key = key_of(&self.lock)?;
-        let req = AcquireRequest {
-            ttl: ttl_of(&self.ttl)?,
-            note: self.note.as_ref().map(config::validate_note).transpose()?,
-            owner_pid,
-        };
-        Ok((key, req, self.wait.as_ref().map(wait_of).transpose()?))
-    }
 }
 
 #[derive(Debug, Args)]
@@ -181,6 +167,12 @@ enum Command {
     Run(RunArgs),
     /// Show the newest lock events, oldest first (read-only).
     History(HistoryArgs),
+    /// Print the completion script for SHELL on stdout.
+    Completions {
+        /// The shell.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn utf8(value: &OsString, what: &str) -> Result<String> {
@@ -215,342 +207,113 @@ fn wait_of(w: &OsString) -> Result<Duration> {
         .ok_or_else(|| Error::Usage(format!("--wait {text:?}: give whole seconds, 0 to 2592000")))
 }
 
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,".contains(&b))
-    {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
-
-/// The exact `release --force` command line for a holder known to be dead.
-fn hint(key: &LockKey, choice: &StoreChoice) -> String {
-    let mut line = format!(
-        "skill-lock release {} --repo {} --force",
-        shell_quote(key.skill()),
-        shell_quote(key.repo())
-    );
-    match (choice.source, &choice.url, &choice.root) {
-        (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
-            line.push_str(&format!(" --store {}", shell_quote(url)));
-        }
-        (_, _, Some(root)) => {
-            line.push_str(&format!(
-                " --root {}",
-                shell_quote(&root.display().to_string())
-            ));
-        }
-        _ => {}
-    }
-    line
-}
-
-fn about(key: &LockKey, store: &impl Store) -> Report {
-    Report {
-        skill: Some(key.skill().to_owned()),
-        repo: Some(key.repo().to_owned()),
-        lock: Some(store.location(key)),
-        ..Report::default()
-    }
-}
-
-fn with(result: &'static str, exit: u8, base: Report) -> Report {
-    Report {
-        result,
-        exit,
-        ..base
-    }
-}
-
-/// Sleeps between attempts of `--wait`: doubling from 10 ms to 250 ms, each
-/// drawn at random from its upper half, and never past the moment the holder's lease runs out.
-fn backoff(attempt: u32, lease_left_ms: Option<i64>, deadline: Instant) -> Duration {
-    let base = 10u64.saturating_mul(1 << attempt.min(5)).min(250);
-    let mut r = [0u8; 2];
-    let jitter = if getrandom::fill(&mut r).is_ok() {
-        u64::from(u16::from_le_bytes(r)) % (base / 2 + 1)
-    } else {
-        base / 4
-    };
-    let mut ms = base / 2 + jitter;
-    if let Some(left) = lease_left_ms {
-        ms = ms.min(u64::try_from(left.max(0)).unwrap_or(0) + 1);
-    }
-    let until_deadline = deadline.saturating_duration_since(Instant::now());
-    Duration::from_millis(ms).min(until_deadline)
-}
-
-/// Acquires, retrying until `wait` has passed (SPEC §2.1 `--wait`).
-fn acquire_waiting(
-    store: &impl Store,
-    key: &LockKey,
-    req: &AcquireRequest,
-    wait: Option<Duration>,
-) -> Result<Acquire> {
-    let start = Instant::now();
-    let deadline = start + wait.unwrap_or_default();
-    let mut attempt = 0;
-    loop {
-        let ctx = Context::here();
-        let outcome = engine::acquire(store, key, req, &ctx)?;
-        let Acquire::AlreadyRunning { holder, .. } = &outcome else {
-            return Ok(outcome);
+impl TakeArgs {
+    /// Validates the lock, ttl, note and wait; `owner_pid` as given.
+    fn validate(
+        &self,
+        owner_pid: Option<u32>,
+    ) -> Result<(LockKey, AcquireRequest, Option<Duration>)> {
+        let key = key_of(&self.lock)?;
+        let req = AcquireRequest {
+            ttl: ttl_of(&self.ttl)?,
+            note: self.note.as_ref().map(config::validate_note).transpose()?,
+            owner_pid,
         };
-        if Instant::now() >= deadline {
-            return Ok(outcome);
-        }
-        let left = lease::remaining_ms(holder, &ctx.now);
-        std::thread::sleep(backoff(attempt, Some(left), deadline));
-        attempt += 1;
+        Ok((key, req, self.wait.as_ref().map(wait_of).transpose()?))
     }
 }
 
-fn acquire_report(outcome: Acquire, key: &LockKey, choice: &StoreChoice) -> Report {
-    let base = about(key, &choice.store);
-    match outcome {
-        Acquire::Acquired {
-            token,
-            holder,
-            took_over,
-        } => Report {
-            token: Some(token),
-            started: Some(holder.started),
-            expires: Some(holder.expires),
-            ttl: Some(holder.ttl),
-            note: Some(holder.note.clone()),
-            owner_pid: Some(holder.owner_pid),
-            fence: Some(holder.fence),
-            took_over: Some(took_over.as_ref().map(TookOverJson::from)),
-            ..with("acquired", 0, base)
-        },
-        Acquire::AlreadyRunning { holder, expires_in } => Report {
-            holder: Some(Some(holder)),
-            expires_in: Some(Some(expires_in)),
-            hint: Some(hint(key, choice)),
-            ..with("already_running", 3, base)
-        },
+impl HistoryArgs {
+    #[allow(
+        clippy::unnecessary_debug_formatting,
+        reason = "the limit is shown quoted, as typed"
+    )]
+    fn validate(&self) -> Result<(Option<LockKey>, usize)> {
+        let key = match (&self.skill, &self.repo) {
+            (Some(skill), Some(repo)) => Some(key_of(&LockArgs {
+                skill: skill.clone(),
+                repo: repo.clone(),
+            })?),
+            _ => None,
+        };
+        let limit =
+            self.limit.to_string_lossy().parse::<usize>().map_err(|_| {
+                Error::Usage(format!("--limit {:?}: give a whole number", self.limit))
+            })?;
+        Ok((key, limit))
     }
 }
 
-fn holder_state(state: &State) -> (&'static str, Option<&'static str>) {
-    match state {
-        State::Held { .. } => ("held", None),
-        State::Stale { reason, .. } => ("stale", Some(reason.as_str())),
-        State::Free => ("free", None),
+impl Command {
+    /// The lock named on the command line, as typed (for error objects).
+    fn lock_as_given(&self) -> Option<(String, String)> {
+        let lock = match self {
+            Self::Run(a) => &a.take.lock,
+            Self::Acquire(a) => &a.take.lock,
+            Self::Renew(a) => &a.lock,
+            Self::Release(a) => &a.lock,
+            Self::Status(a) => a,
+            Self::Check(a) => &a.lock,
+            Self::List | Self::History(_) | Self::Completions { .. } => return None,
+        };
+        Some((
+            lock.skill.to_string_lossy().into_owned(),
+            lock.repo.to_string_lossy().into_owned(),
+        ))
+    }
+
+    /// Validates everything the user typed, before any file is touched.
+    fn into_action(self) -> Result<Action> {
+        Ok(match self {
+            Self::Acquire(a) => {
+                // Checked before the rest so that a bad name wins over a bad pid.
+                key_of(&a.take.lock)?;
+                let pid = a.owner_pid.as_ref().map(config::validate_pid).transpose()?;
+                let (key, req, wait) = a.take.validate(pid)?;
+                Action::Acquire { key, req, wait }
+            }
+            Self::Run(a) => {
+                let (key, req, wait) = a.take.validate(Some(std::process::id()))?;
+                Action::Run {
+                    key,
+                    req,
+                    wait,
+                    cmd: a.cmd,
+                }
+            }
+            Self::Renew(a) => Action::Renew {
+                key: key_of(&a.lock)?,
+                ttl: a.ttl.as_ref().map(ttl_of).transpose()?,
+                token: a.token.as_ref().map(|t| utf8(t, "--token")).transpose()?,
+            },
+            Self::Release(a) => Action::Release {
+                key: key_of(&a.lock)?,
+                token: a.token.as_ref().map(|t| utf8(t, "--token")).transpose()?,
+                force: a.force,
+            },
+            Self::Status(a) => Action::Status { key: key_of(&a)? },
+            Self::List => Action::List,
+            Self::Check(a) => Action::Check {
+                key: key_of(&a.lock)?,
+                token: utf8(&a.token, "--token")?,
+            },
+            Self::History(a) => {
+                let (key, limit) = a.validate()?;
+                Action::History { key, limit }
+            }
+            Self::Completions { .. } => {
+                return Err(Error::Internal("completions is not a lock command".into()));
+            }
+        })
     }
 }
 
-fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
-    // Validate everything the user typed before touching any file.
-    match &cli.command {
-        Command::Acquire(a) => {
-            // Checked before the rest so that a bad name wins over a bad pid.
-            key_of(&a.take.lock)?;
-            let pid = a.owner_pid.as_ref().map(config::validate_pid).transpose()?;
-            let (key, req, wait) = a.take.validate(pid)?;
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            Ok(acquire_report(
-                acquire_waiting(&choice.store, &key, &req, wait)?,
-                &key,
-                &choice,
-            ))
-        }
-        Command::Run(a) => {
-            let (key, req, wait) = a.take.validate(Some(std::process::id()))?;
-            let ttl = req.ttl;
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            let store = &choice.store;
-            let outcome = acquire_waiting(store, &key, &req, wait)?;
-            let Acquire::Acquired { token, holder, .. } = &outcome else {
-                return Ok(acquire_report(outcome, &key, &choice));
-            };
-            let ran = crate::run::supervise(store, &key, token, holder.fence, ttl, &a.cmd)?;
-            Ok(Report {
-                fence: Some(holder.fence),
-                exit_status: Some(ran.exit_status),
-                signal: Some(ran.signal),
-                lost: Some(ran.lost),
-                renewals: Some(ran.renewals),
-                released: Some(ran.released),
-                ..with("ran", ran.exit_status, about(&key, store))
-            })
-        }
-        Command::Renew(a) => {
-            let key = key_of(&a.lock)?;
-            let ttl = a.ttl.as_ref().map(ttl_of).transpose()?;
-            let token = a.token.as_ref().map(|t| utf8(t, "--token")).transpose()?;
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            let store = &choice.store;
-            let base = about(&key, store);
-            let ctx = Context::here();
-            Ok(
-                match engine::renew(store, &key, token.as_deref(), ttl, &ctx)? {
-                    Renew::Renewed {
-                        holder,
-                        was_expired,
-                    } => Report {
-                        expires: Some(holder.expires),
-                        renewed: holder.renewed,
-                        ttl: Some(holder.ttl),
-                        fence: Some(holder.fence),
-                        was_expired: Some(was_expired),
-                        expires_in: Some(Some(lease::expires_in(&holder, &ctx.now))),
-                        ..with("renewed", 0, base)
-                    },
-                    Renew::NotOwner { holder } => Report {
-                        expires_in: Some(Some(lease::expires_in(&holder, &ctx.now))),
-                        holder: Some(Some(holder)),
-                        ..with("not_owner", 4, base)
-                    },
-                    Renew::NotHeld { corrupt } => Report {
-                        stale_reason: corrupt.then_some("corrupt"),
-                        ..with("not_held", 4, base)
-                    },
-                },
-            )
-        }
-        Command::Release(a) => {
-            let key = key_of(&a.lock)?;
-            let token = a.token.as_ref().map(|t| utf8(t, "--token")).transpose()?;
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            let store = &choice.store;
-            let base = about(&key, store);
-            let ctx = Context::here();
-            Ok(
-                match engine::release(store, &key, token.as_deref(), a.force, &ctx)? {
-                    Release::Released { holder, forced } => Report {
-                        holder: Some(holder),
-                        forced: Some(forced),
-                        ..with("released", 0, base)
-                    },
-                    Release::NotHeld => with("not_held", 0, base),
-                    Release::Refused { holder } => Report {
-                        holder: Some(holder),
-                        ..with("refused", 4, base)
-                    },
-                },
-            )
-        }
-        Command::Status(a) => {
-            let key = key_of(a)?;
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            let store = &choice.store;
-            let base = about(&key, store);
-            let state = engine::status(store, &key, &Context::here())?;
-            let (name, reason) = holder_state(&state);
-            let (holder, expires_in) = match state {
-                State::Held { holder, expires_in } => (Some(Some(holder)), Some(Some(expires_in))),
-                State::Stale {
-                    holder, expires_in, ..
-                } => (Some(holder), Some(expires_in)),
-                State::Free => (None, None),
-            };
-            Ok(Report {
-                state: Some(name),
-                stale_reason: reason,
-                fence: holder.as_ref().and_then(|h| h.as_ref().map(|h| h.fence)),
-                holder,
-                expires_in,
-                ..with("status", 0, base)
-            })
-        }
-        Command::List => {
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            let store = &choice.store;
-            let ctx = Context::here();
-            let listing = store.list()?;
-            let mut locks: Vec<ListEntry> = listing
-                .locks
-                .into_iter()
-                .filter_map(|l| {
-                    let state = engine::judge(&l.current, &ctx);
-                    let (name, reason) = holder_state(&state);
-                    let (holder, expires_in) = match state {
-                        State::Held { holder, expires_in } => (Some(holder), Some(expires_in)),
-                        State::Stale {
-                            holder, expires_in, ..
-                        } => (holder, expires_in),
-                        State::Free => return None,
-                    };
-                    Some(ListEntry {
-                        skill: l.key.skill().to_owned(),
-                        repo: l.key.repo().to_owned(),
-                        state: name,
-                        stale_reason: reason,
-                        holder,
-                        expires_in,
-                        lock: l.location,
-                    })
-                })
-                .collect();
-            locks.sort_by(|a, b| {
-                (&a.skill, a.repo.to_ascii_lowercase())
-                    .cmp(&(&b.skill, b.repo.to_ascii_lowercase()))
-            });
-            Ok(Report {
-                store: Some(store.describe()),
-                locks: Some(locks),
-                tombstones: Some(listing.tombstones),
-                ..Report::new("list", 0)
-            })
-        }
-        Command::Check(a) => {
-            let key = key_of(&a.lock)?;
-            let token = utf8(&a.token, "--token")?;
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            let store = &choice.store;
-            let base = about(&key, store);
-            Ok(
-                match engine::check(store, &key, &token, &Context::here())? {
-                    Check::Held { holder, expires_in } => Report {
-                        fence: Some(holder.fence),
-                        expires: Some(holder.expires),
-                        expires_in: Some(Some(expires_in)),
-                        ..with("held", 0, base)
-                    },
-                    Check::NotOwner { holder } => Report {
-                        holder: Some(holder),
-                        ..with("not_owner", 4, base)
-                    },
-                    Check::NotHeld => with("not_held", 4, base),
-                    Check::Expired { reason, holder } => Report {
-                        stale_reason: Some(reason.as_str()),
-                        fence: Some(holder.fence),
-                        expires: Some(holder.expires),
-                        ..with("expired", 4, base)
-                    },
-                },
-            )
-        }
-        Command::History(a) => {
-            let key = match (&a.skill, &a.repo) {
-                (Some(skill), Some(repo)) => Some(key_of(&LockArgs {
-                    skill: skill.clone(),
-                    repo: repo.clone(),
-                })?),
-                _ => None,
-            };
-            let limit =
-                a.limit.to_string_lossy().parse::<usize>().map_err(|_| {
-                    Error::Usage(format!("--limit {:?}: give a whole number", a.limit))
-                })?;
-            let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
-            let store = &choice.store;
-            let base = match &key {
-                Some(k) => about(k, store),
-                None => Report {
-                    store: Some(store.describe()),
-                    ..Report::default()
-                },
-            };
-            Ok(Report {
-                events: Some(store.history(key.as_ref(), limit)?),
-                ..with("history", 0, base)
-            })
-        }
+impl Cli {
+    /// The one place where arguments become validated settings: the action
+    /// first (bad input wins over a missing root), then the store.
+    fn into_settings(self, env: Environment) -> Result<Settings> {
+        let action = self.command.into_action()?;
+        Settings::new(action, self.store.as_ref(), self.root.as_deref(), env)
     }
 }
 
@@ -562,18 +325,52 @@ pub fn command() -> clap::Command {
     Cli::command()
 }
 
-/// clap's complaint on one line, without its usage block.
-fn usage_message(e: &clap::Error) -> String {
+/// clap's complaint on one line, without its usage block, with clap's
+/// suggestions ("did you mean 'acquire'?"), the fix for the most common
+/// mistake of `run` (CMD without `--`), and the help of the subcommand.
+fn usage_message(e: &clap::Error, args: &[OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     let text = e.render().to_string();
     let body: Vec<&str> = text
         .lines()
         .take_while(|l| !l.starts_with("Usage:"))
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("tip:") && !l.starts_with("For more information")
+        })
         .collect();
-    let body = body.join(" ");
-    let body = body.trim_start_matches("error: ");
-    format!("{body}; run 'skill-lock --help' for usage")
+    let mut parts = vec![body.join(" ").trim_start_matches("error: ").to_owned()];
+    for kind in [
+        ContextKind::SuggestedSubcommand,
+        ContextKind::SuggestedArg,
+        ContextKind::SuggestedValue,
+    ] {
+        let names = match e.get(kind) {
+            Some(ContextValue::String(one)) => vec![one.clone()],
+            Some(ContextValue::Strings(many)) => many.clone(),
+            _ => continue,
+        };
+        let names: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+        if !names.is_empty() {
+            parts.push(format!("did you mean {}?", names.join(" or ")));
+        }
+    }
+    let word = command_word(args).filter(|w| command().find_subcommand(w).is_some());
+    let stray = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => !arg.starts_with('-'),
+        _ => false,
+    };
+    if word == Some("run") && e.kind() == ErrorKind::UnknownArgument && stray {
+        parts.push(
+            "put -- before the command to run: skill-lock run SKILL --repo OWNER/NAME -- CMD [ARGS...]"
+                .to_owned(),
+        );
+    }
+    let help = word.map_or_else(
+        || "skill-lock --help".to_owned(),
+        |w| format!("skill-lock {w} --help"),
+    );
+    format!("{}; run '{help}' for usage", parts.join("; "))
 }
 
 /// The command word of an argument list that clap refused (skipping the
@@ -594,7 +391,7 @@ fn command_word(args: &[OsString]) -> Option<&str> {
 
 /// Runs one invocation: parses `args` (program name first), acts, prints
 /// exactly one JSON object (or help/version text) and returns the exit status.
-pub fn run<I, T>(args: I) -> u8
+pub fn run<I, T>(args: I) -> ExitStatus
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
@@ -606,74 +403,31 @@ where
             use clap::error::ErrorKind;
             if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
                 let _ = e.print();
-                return 0;
+                return ExitStatus::Success;
             }
-            let report = Report::error(&Error::Usage(usage_message(&e)));
-            report.emit(command_word(&args) == Some("run"));
-            return report.exit;
+            let report = Report::error(&Error::Usage(usage_message(&e, &args)), None);
+            return report.emit(command_word(&args) == Some("run"));
         }
     };
-    let cwd = match std::env::current_dir() {
-        Ok(d) => d,
-        Err(e) => {
-            let report = Report::error(&Error::io("read", "the current directory", e));
-            report.emit(false);
-            return report.exit;
-        }
+    if let Command::Completions { shell } = cli.command {
+        return crate::output::print_completions(&mut command(), shell);
+    }
+    let env = match Environment::read() {
+        Ok(env) => env,
+        Err(err) => return Report::error(&err, None).emit(false),
     };
     let to_stderr = matches!(cli.command, Command::Run(_));
     if to_stderr {
         crate::run::prepare();
     }
-    let skill_repo = match &cli.command {
-        Command::Run(a) => Some(&a.take.lock),
-        Command::Acquire(a) => Some(&a.take.lock),
-        Command::Renew(a) => Some(&a.lock),
-        Command::Release(a) => Some(&a.lock),
-        Command::Status(a) => Some(a),
-        Command::Check(a) => Some(&a.lock),
-        Command::List | Command::History(_) => None,
-    }
-    .map(|l| {
-        (
-            l.skill.to_string_lossy().into_owned(),
-            l.repo.to_string_lossy().into_owned(),
-        )
-    });
-    let report = match execute(cli, &cwd) {
-        Ok(r) => r,
-        Err(err) => {
-            let mut r = Report::error(&err);
-            if let Some((skill, repo)) = skill_repo {
-                r.skill = Some(skill);
-                r.repo = Some(repo);
-            }
-            r
-        }
-    };
-    report.emit(to_stderr);
-    report.exit
+    let lock = cli.command.lock_as_given();
+    cli.into_settings(env)
+        .and_then(|settings| crate::commands::execute(&settings))
+        .unwrap_or_else(|err| Report::error(&err, lock).emit(to_stderr))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quoting_and_backoff() {
-        assert_eq!(shell_quote("apache/airflow"), "apache/airflow");
-        assert_eq!(shell_quote("/a b/c'd"), r"'/a b/c'\''d'");
-        let far = Instant::now() + Duration::from_secs(60);
-        for attempt in 0..20 {
-            let d = backoff(attempt, None, far);
-            assert!(
-                d >= Duration::from_millis(5) && d <= Duration::from_millis(250),
-                "{d:?}"
-            );
-        }
-        assert!(backoff(9, Some(3), far) <= Duration::from_millis(4));
-        assert_eq!(backoff(9, None, Instant::now()), Duration::ZERO);
-    }
 
     #[test]
     fn cli_definition_is_consistent() {

@@ -1,19 +1,168 @@
 //! Validated settings and store selection (SPEC §5, §8).
 //!
-//! Built from what the user typed before any file is touched: names, ttl,
-//! note and pid are checked first, then the root, the personal layer and the
-//! store are resolved. Store precedence: `--store URL`, then
+//! [`Settings`] are built once, from the parsed command line and one
+//! [`Environment`] snapshot, before any file is touched: names, ttl, note and
+//! pid are checked first (into one [`Action`]), then the root, the personal
+//! layer and the store are resolved. Store precedence: `--store URL`, then
 //! `SKILL_LOCK_STORE`, then `store = "URL"` in `P/skill-lock.toml`, then the
 //! file store in the personal layer.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use crate::engine::{AcquireRequest, Clock};
 use crate::error::{Error, Result};
+use crate::key::LockKey;
 use crate::layer;
 use crate::root;
 use crate::store::AnyStore;
 use crate::store::fs::FileStore;
+
+/// What the process was started with, read once: everything else gets it
+/// passed down and never reads the environment itself.
+#[derive(Debug, Clone, Default)]
+pub struct Environment {
+    /// The current directory.
+    pub cwd: PathBuf,
+    /// `SKILL_LOCK_STORE`, when set and not empty.
+    pub store: Option<OsString>,
+    /// `SKILL_LOCK_LAUNCHER`, when set and not empty: how the user starts this program.
+    pub launcher: Option<OsString>,
+    /// `PATH`.
+    pub path: Option<OsString>,
+    /// This program, when the OS says where it is.
+    pub exe: Option<PathBuf>,
+}
+
+impl Environment {
+    /// Reads the process environment.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the current directory cannot be read.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the one place that reads the environment"
+    )]
+    pub fn read() -> Result<Self> {
+        let cwd =
+            std::env::current_dir().map_err(|e| Error::io("read", "the current directory", e))?;
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        Ok(Self {
+            cwd,
+            store: var("SKILL_LOCK_STORE"),
+            launcher: var("SKILL_LOCK_LAUNCHER"),
+            path: var("PATH"),
+            exe: std::env::current_exe().ok(),
+        })
+    }
+}
+
+/// One command, its arguments validated.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// `acquire` (SPEC §2.1).
+    Acquire {
+        /// The lock.
+        key: LockKey,
+        /// Lease, note, owner pid.
+        req: AcquireRequest,
+        /// `--wait`.
+        wait: Option<Duration>,
+    },
+    /// `run` (SPEC §2.7).
+    Run {
+        /// The lock.
+        key: LockKey,
+        /// Lease, note; the owner is this process.
+        req: AcquireRequest,
+        /// `--wait`.
+        wait: Option<Duration>,
+        /// CMD and its arguments.
+        cmd: Vec<OsString>,
+    },
+    /// `renew` (SPEC §2.2).
+    Renew {
+        /// The lock.
+        key: LockKey,
+        /// `--token`.
+        token: Option<String>,
+        /// `--ttl`.
+        ttl: Option<u64>,
+    },
+    /// `release` (SPEC §2.3).
+    Release {
+        /// The lock.
+        key: LockKey,
+        /// `--token`.
+        token: Option<String>,
+        /// `--force`.
+        force: bool,
+    },
+    /// `status` (SPEC §2.4).
+    Status {
+        /// The lock.
+        key: LockKey,
+    },
+    /// `list` (SPEC §2.5).
+    List,
+    /// `check` (SPEC §2.6).
+    Check {
+        /// The lock.
+        key: LockKey,
+        /// `--token`.
+        token: String,
+    },
+    /// `history` (SPEC §2.8).
+    History {
+        /// One lock, or all.
+        key: Option<LockKey>,
+        /// `--limit`.
+        limit: usize,
+    },
+}
+
+impl Action {
+    /// Does this action print its object on stderr (`run`, SPEC §2.7)?
+    #[must_use]
+    pub fn reports_on_stderr(&self) -> bool {
+        matches!(self, Self::Run { .. })
+    }
+}
+
+/// Everything one invocation needs, validated: what to do, where, and when.
+#[derive(Debug)]
+pub struct Settings {
+    /// The command.
+    pub action: Action,
+    /// The store, chosen once.
+    pub store: StoreChoice,
+    /// The clock every decision reads.
+    pub clock: Clock,
+    /// The environment snapshot (for the `already_running` hint).
+    pub env: Environment,
+}
+
+impl Settings {
+    /// Chooses the store for a validated `action`.
+    ///
+    /// # Errors
+    /// As [`choose_store`].
+    pub fn new(
+        action: Action,
+        store: Option<&OsString>,
+        root: Option<&Path>,
+        env: Environment,
+    ) -> Result<Self> {
+        let store = choose_store(store, root, &env)?;
+        Ok(Self {
+            action,
+            store,
+            clock: Clock::System,
+            env,
+        })
+    }
+}
 
 /// Longest note, bytes of UTF-8.
 pub const NOTE_MAX: usize = 1000;
@@ -150,23 +299,19 @@ fn from_url(
 pub fn choose_store(
     flag: Option<&OsString>,
     root_flag: Option<&Path>,
-    cwd: &Path,
+    env: &Environment,
 ) -> Result<StoreChoice> {
     let text = |s: &OsString, what: &str| {
         s.to_str()
             .map(str::to_owned)
             .ok_or_else(|| Error::Usage(format!("{what} is not valid UTF-8")))
     };
+    let cwd = &env.cwd;
     if let Some(url) = flag {
         return from_url(&text(url, "--store")?, cwd, StoreSource::Flag, None);
     }
-    if let Some(url) = std::env::var_os("SKILL_LOCK_STORE").filter(|v| !v.is_empty()) {
-        return from_url(
-            &text(&url, "SKILL_LOCK_STORE")?,
-            cwd,
-            StoreSource::Env,
-            None,
-        );
+    if let Some(url) = &env.store {
+        return from_url(&text(url, "SKILL_LOCK_STORE")?, cwd, StoreSource::Env, None);
     }
     let root = root::discover(root_flag, cwd)?;
     let layer = layer::resolve(&root)?;

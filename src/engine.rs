@@ -14,6 +14,27 @@ use crate::liveness::{self, Origin};
 use crate::record::{FORMAT, Holder, OwnerRecord, hash_token, new_token};
 use crate::store::{Change, Current, Decision, Store};
 
+/// Where a decision reads the time: the system clocks, or one fixed reading
+/// (a test pins it so that a decision sees exactly the time it was given).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Clock {
+    /// Read the system clocks each time ([`Now::read`]).
+    System,
+    /// Always this reading.
+    Fixed(Now),
+}
+
+impl Clock {
+    /// The time now, by this clock.
+    #[must_use]
+    pub fn now(&self) -> Now {
+        match self {
+            Self::System => Now::read(),
+            Self::Fixed(now) => now.clone(),
+        }
+    }
+}
+
 /// Who is asking: the host and clock every judgement uses.
 #[derive(Debug, Clone)]
 pub struct Context {
@@ -21,29 +42,34 @@ pub struct Context {
     pub host: String,
     /// The clocks, read when the command started.
     pub now: Now,
-    /// Where decisions read the clock again, inside the critical section
-    /// (`Now::read`; a test may pin it to `now`).
-    pub clock: Option<fn() -> Now>,
+    /// Where decisions read the clock again, inside the critical section.
+    pub clock: Clock,
 }
 
 impl Context {
-    /// Reads the hostname and the clocks.
+    /// Reads the hostname and the system clocks.
     #[must_use]
     pub fn here() -> Self {
+        Self::with_clock(Clock::System)
+    }
+
+    /// Reads the hostname; the time comes from `clock`.
+    #[must_use]
+    pub fn with_clock(clock: Clock) -> Self {
         Self {
             host: liveness::hostname(),
-            now: Now::read(),
-            clock: Some(Now::read),
+            now: clock.now(),
+            clock,
         }
     }
 
-    /// The context with the clock read again (when it has a clock).
+    /// The context with the clock read again.
     #[must_use]
     pub fn at_decision(&self) -> Self {
         Self {
             host: self.host.clone(),
-            now: self.clock.map_or_else(|| self.now.clone(), |read| read()),
-            clock: self.clock,
+            now: self.clock.now(),
+            clock: self.clock.clone(),
         }
     }
 }
@@ -436,7 +462,7 @@ pub fn check<S: Store>(store: &S, key: &LockKey, token: &str, ctx: &Context) -> 
     let current = store.read(key)?;
     let ctx = &ctx.at_decision();
     Ok(match (&current, judge(&current, ctx)) {
-        (Current::Free, _) => Check::NotHeld,
+        (Current::Free, _) | (Current::Held(_), State::Free) => Check::NotHeld,
         (Current::Corrupt(_), _) => Check::NotOwner { holder: None },
         (Current::Held(rec), _) if !rec.token_matches(token) => Check::NotOwner {
             holder: Some(rec.holder.clone()),
@@ -448,6 +474,409 @@ pub fn check<S: Store>(store: &S, key: &LockKey, token: &str, ctx: &Context) -> 
             reason,
             holder: rec.holder.clone(),
         },
-        (Current::Held(_), State::Free) => Check::NotHeld,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The decisions of acquire, renew, release, status and check, over an
+    //! in-memory store and a fixed clock: no files, no sleeping.
+    #![allow(clippy::match_wildcard_for_single_variants)]
+
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::error::Error;
+    use crate::store::{Committed, Listed, Listing};
+
+    /// A store in memory: one map of locks, fences that survive release, a history.
+    #[derive(Default)]
+    struct Memory {
+        locks: RefCell<BTreeMap<String, Current>>,
+        fences: RefCell<BTreeMap<String, u64>>,
+        events: RefCell<Vec<Event>>,
+    }
+
+    impl Memory {
+        fn put(&self, key: &LockKey, current: Current) {
+            self.locks.borrow_mut().insert(key.name(), current);
+        }
+
+        fn kinds(&self) -> Vec<EventKind> {
+            self.events.borrow().iter().map(|e| e.event).collect()
+        }
+    }
+
+    impl Store for Memory {
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+
+        fn location(&self, key: &LockKey) -> String {
+            key.name()
+        }
+
+        fn read(&self, key: &LockKey) -> Result<Current> {
+            Ok(self
+                .locks
+                .borrow()
+                .get(&key.name())
+                .cloned()
+                .unwrap_or(Current::Free))
+        }
+
+        fn update<T>(
+            &self,
+            key: &LockKey,
+            decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
+        ) -> Result<Committed<T>> {
+            let name = key.name();
+            let Decision {
+                change,
+                mut events,
+                value,
+            } = decide(&self.read(key)?)?;
+            let written = match change {
+                Change::Keep => None,
+                Change::Create(mut rec) | Change::Takeover(mut rec) => {
+                    let mut fences = self.fences.borrow_mut();
+                    let fence = fences.entry(name.clone()).or_insert(0);
+                    *fence += 1;
+                    rec.holder.fence = *fence;
+                    Some(rec)
+                }
+                Change::Rewrite(rec) => Some(rec),
+                Change::Delete => {
+                    self.locks.borrow_mut().remove(&name);
+                    None
+                }
+            };
+            if let Some(rec) = &written {
+                self.put(key, Current::Held(rec.clone()));
+                for ev in events.iter_mut().filter(|e| e.fence.is_none()) {
+                    ev.fence = Some(rec.holder.fence);
+                }
+            }
+            self.events.borrow_mut().extend(events);
+            Ok(Committed { value, written })
+        }
+
+        fn list(&self) -> Result<Listing> {
+            let locks = self.locks.borrow();
+            let locks = locks
+                .iter()
+                .map(|(name, current)| {
+                    let (skill, repo) = name
+                        .split_once('@')
+                        .ok_or_else(|| Error::Internal(format!("bad name {name}")))?;
+                    let key = LockKey::new(skill, &repo.replacen("__", "/", 1))?;
+                    Ok(Listed::new(key, name.clone(), current.clone()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Listing {
+                locks,
+                tombstones: 0,
+            })
+        }
+
+        fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
+            let all = self.events.borrow();
+            let mine: Vec<Event> = all
+                .iter()
+                .filter(|e| key.is_none_or(|k| e.lock == k.name()))
+                .cloned()
+                .collect();
+            Ok(mine[mine.len().saturating_sub(limit)..].to_vec())
+        }
+    }
+
+    const T0: i64 = 1_800_000_000_000;
+
+    /// A context on host `h` whose clock reads `T0 + secs` (no boot clock:
+    /// the wall clock decides).
+    fn at(secs: i64) -> Context {
+        let now = Now {
+            wall_ms: T0 + secs * 1000,
+            boot: None,
+        };
+        Context {
+            host: "h".into(),
+            now: now.clone(),
+            clock: Clock::Fixed(now),
+        }
+    }
+
+    fn key() -> LockKey {
+        LockKey::new("s", "o/r").unwrap()
+    }
+
+    fn req(ttl: u64) -> AcquireRequest {
+        AcquireRequest {
+            ttl,
+            note: Some("n".into()),
+            owner_pid: None,
+        }
+    }
+
+    fn acquired(store: &Memory, ttl: u64, ctx: &Context) -> (String, Holder) {
+        match acquire(store, &key(), &req(ttl), ctx).unwrap() {
+            Acquire::Acquired { token, holder, .. } => (token, holder),
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn acquire_takes_a_free_lock_refuses_a_live_one_and_takes_over_an_expired_one() {
+        let store = Memory::default();
+        let (_, first) = acquired(&store, 60, &at(0));
+        assert_eq!(
+            (first.fence, first.ttl, first.note.as_deref()),
+            (1, 60, Some("n"))
+        );
+        assert_eq!(first.expires.0 - first.started.0, 60);
+        match acquire(&store, &key(), &req(60), &at(20)).unwrap() {
+            Acquire::AlreadyRunning { holder, expires_in } => {
+                assert_eq!((holder, expires_in), (first.clone(), 40));
+            }
+            other => panic!("{other:?}"),
+        }
+        match acquire(&store, &key(), &req(60), &at(61)).unwrap() {
+            Acquire::Acquired {
+                holder, took_over, ..
+            } => {
+                assert_eq!(holder.fence, 2);
+                assert_eq!(
+                    took_over,
+                    Some(TookOver {
+                        reason: StaleReason::Expired,
+                        holder: Some(first),
+                    })
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            store.kinds(),
+            [
+                EventKind::Acquired,
+                EventKind::TookOver,
+                EventKind::Acquired
+            ]
+        );
+        let events = store.history(Some(&key()), 10).unwrap();
+        assert_eq!(
+            events[2].fence,
+            Some(2),
+            "the store's fence reaches the event"
+        );
+    }
+
+    #[test]
+    fn a_corrupt_record_is_stale_and_taken_over() {
+        let store = Memory::default();
+        store.put(&key(), Current::Corrupt("garbage".into()));
+        assert_eq!(
+            status(&store, &key(), &at(0)).unwrap(),
+            State::Stale {
+                reason: StaleReason::Corrupt,
+                holder: None,
+                expires_in: None
+            }
+        );
+        match acquire(&store, &key(), &req(60), &at(0)).unwrap() {
+            Acquire::Acquired { took_over, .. } => assert_eq!(
+                took_over,
+                Some(TookOver {
+                    reason: StaleReason::Corrupt,
+                    holder: None
+                })
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_decision_reads_the_clock_not_the_start_of_the_command() {
+        // Started at 0, decided at 61: the lease of 60 s has run out.
+        let store = Memory::default();
+        acquired(&store, 60, &at(0));
+        let mut ctx = at(0);
+        ctx.clock = at(61).clock;
+        assert!(matches!(
+            acquire(&store, &key(), &req(60), &ctx).unwrap(),
+            Acquire::Acquired {
+                took_over: Some(_),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn renew_extends_only_with_the_holders_token() {
+        let store = Memory::default();
+        assert_eq!(
+            renew(&store, &key(), None, None, &at(0)).unwrap(),
+            Renew::NotHeld { corrupt: false }
+        );
+        let (token, first) = acquired(&store, 60, &at(0));
+        assert_eq!(
+            renew(&store, &key(), Some("other"), None, &at(10)).unwrap(),
+            Renew::NotOwner {
+                holder: first.clone()
+            }
+        );
+        let Renew::Renewed {
+            holder,
+            was_expired,
+        } = renew(&store, &key(), Some(&token), Some(100), &at(10)).unwrap()
+        else {
+            panic!("not renewed")
+        };
+        assert!(!was_expired);
+        assert_eq!((holder.fence, holder.ttl), (1, 100));
+        assert_eq!(holder.expires.0, first.started.0 + 110);
+        assert_eq!(holder.renewed.map(|t| t.0), Some(first.started.0 + 10));
+        // Run out, nobody took it over: its own token may still renew it,
+        // keeping the ttl it was last given.
+        let Renew::Renewed {
+            holder,
+            was_expired,
+        } = renew(&store, &key(), Some(&token), None, &at(500)).unwrap()
+        else {
+            panic!("not renewed")
+        };
+        assert!(was_expired);
+        assert_eq!(holder.ttl, 100);
+        store.put(&key(), Current::Corrupt("x".into()));
+        assert_eq!(
+            renew(&store, &key(), Some(&token), None, &at(0)).unwrap(),
+            Renew::NotHeld { corrupt: true }
+        );
+    }
+
+    #[test]
+    fn release_needs_the_token_or_force() {
+        let store = Memory::default();
+        assert_eq!(
+            release(&store, &key(), None, false, &at(0)).unwrap(),
+            Release::NotHeld
+        );
+        let (token, first) = acquired(&store, 60, &at(0));
+        assert_eq!(
+            release(&store, &key(), Some("other"), false, &at(1)).unwrap(),
+            Release::Refused {
+                holder: Some(first.clone())
+            }
+        );
+        assert_eq!(
+            release(&store, &key(), Some("other"), true, &at(1)).unwrap(),
+            Release::Released {
+                holder: Some(first),
+                forced: true
+            }
+        );
+        let (token2, second) = acquired(&store, 60, &at(2));
+        assert_ne!(token, token2);
+        assert_eq!(second.fence, 2, "the fence survives a release");
+        assert_eq!(
+            release(&store, &key(), Some(&token2), true, &at(3)).unwrap(),
+            Release::Released {
+                holder: Some(second),
+                forced: false
+            }
+        );
+        store.put(&key(), Current::Corrupt("x".into()));
+        assert_eq!(
+            release(&store, &key(), Some(&token), false, &at(4)).unwrap(),
+            Release::Refused { holder: None }
+        );
+        assert_eq!(
+            release(&store, &key(), None, false, &at(4)).unwrap(),
+            Release::Released {
+                holder: None,
+                forced: false
+            }
+        );
+        assert_eq!(
+            store.kinds(),
+            [
+                EventKind::Acquired,
+                EventKind::Refused,
+                EventKind::ForcedRelease,
+                EventKind::Acquired,
+                EventKind::Released,
+                EventKind::Refused,
+                EventKind::Released
+            ]
+        );
+    }
+
+    #[test]
+    fn check_holds_only_for_the_live_holders_token() {
+        let store = Memory::default();
+        assert_eq!(check(&store, &key(), "t", &at(0)).unwrap(), Check::NotHeld);
+        let (token, first) = acquired(&store, 60, &at(0));
+        assert_eq!(
+            check(&store, &key(), &token, &at(59)).unwrap(),
+            Check::Held {
+                holder: first.clone(),
+                expires_in: 1
+            }
+        );
+        assert_eq!(
+            check(&store, &key(), "other", &at(1)).unwrap(),
+            Check::NotOwner {
+                holder: Some(first.clone())
+            }
+        );
+        assert_eq!(
+            check(&store, &key(), &token, &at(60)).unwrap(),
+            Check::Expired {
+                reason: StaleReason::Expired,
+                holder: first
+            }
+        );
+        assert!(store.kinds().len() == 1, "check is read-only");
+        store.put(&key(), Current::Corrupt("x".into()));
+        assert_eq!(
+            check(&store, &key(), &token, &at(0)).unwrap(),
+            Check::NotOwner { holder: None }
+        );
+    }
+
+    #[test]
+    fn a_dead_owner_makes_the_lock_stale_on_its_host_only() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let store = Memory::default();
+        let mut r = req(600);
+        r.owner_pid = Some(dead);
+        acquire(&store, &key(), &r, &at(0)).unwrap();
+        let mut elsewhere = at(1);
+        elsewhere.host = "other".into();
+        assert!(matches!(
+            status(&store, &key(), &elsewhere).unwrap(),
+            State::Held { .. }
+        ));
+        assert!(matches!(
+            status(&store, &key(), &at(1)).unwrap(),
+            State::Stale {
+                reason: StaleReason::OwnerDead,
+                ..
+            }
+        ));
+        assert!(matches!(
+            acquire(&store, &key(), &req(60), &at(1)).unwrap(),
+            Acquire::Acquired {
+                took_over: Some(TookOver {
+                    reason: StaleReason::OwnerDead,
+                    ..
+                }),
+                ..
+            }
+        ));
+        assert_eq!(store.list().unwrap().locks.len(), 1);
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! `Err` means "could not find out or could not act": someone else holding a
 //! lock is an outcome, never an error. Every variant maps to exactly one SPEC
-//! error code and exit status 2, and its message says what to do.
+//! error code and exit status 2 ([`crate::output::ExitStatus::Error`]), and
+//! its message says what to do.
 
 use std::io;
 use std::path::PathBuf;
@@ -49,7 +50,7 @@ pub enum Error {
     #[error("{0}")]
     NoRoot(String),
     /// A file-system operation failed.
-    #[error("could not {action} {}: {source}; check that the directory exists and is writable by you", path.display())]
+    #[error("could not {action} {}: {source}; {}", .path.display(), io_advice(.action, .source))]
     Io {
         /// What was being done, e.g. "create".
         action: &'static str,
@@ -93,13 +94,54 @@ impl Error {
             Self::Internal(_) => "internal",
         }
     }
+}
 
-    /// Exit status of every error (SPEC §2 "Exit status").
-    #[must_use]
-    pub fn exit_code(&self) -> u8 {
-        2
+/// What to do about a failed file-system operation: a permission failure on
+/// a read-only or foreign directory (e.g. a personal layer owned by another
+/// user) needs another store, not a retry.
+fn io_advice(action: &str, e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
+            "it is read-only or another user's; use a store you can write, e.g. --store file:DIR"
+        }
+        _ if matches!(action, "read" | "open" | "stat" | "resolve") => {
+            "check that it exists and is readable by you"
+        }
+        _ => "check that the directory exists and is writable by you",
     }
 }
 
 /// Shorthand used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(action: &'static str, kind: io::ErrorKind) -> String {
+        Error::io(action, "/p/skill-lock.toml", io::Error::from(kind)).to_string()
+    }
+
+    #[test]
+    fn io_messages_name_the_operation_the_path_and_what_to_do() {
+        let m = message("read", io::ErrorKind::PermissionDenied);
+        assert!(m.starts_with("could not read /p/skill-lock.toml: "), "{m}");
+        assert!(
+            m.ends_with("use a store you can write, e.g. --store file:DIR"),
+            "{m}"
+        );
+        let m = message("create", io::ErrorKind::ReadOnlyFilesystem);
+        assert!(
+            m.starts_with("could not create /p/skill-lock.toml: "),
+            "{m}"
+        );
+        assert!(m.contains("--store file:DIR"), "{m}");
+        let m = message("read", io::ErrorKind::InvalidData);
+        assert!(
+            m.ends_with("check that it exists and is readable by you"),
+            "{m}"
+        );
+        let m = message("write", io::ErrorKind::StorageFull);
+        assert!(m.ends_with("writable by you"), "{m}");
+    }
+}

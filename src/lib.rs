@@ -41,9 +41,11 @@
 //! ```
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod hint;
 pub mod history;
 pub mod key;
 pub mod layer;

@@ -1,5 +1,5 @@
 //! The `skill-lock` binary: hands the arguments to the library and exits with its status.
 
 fn main() -> std::process::ExitCode {
-    std::process::ExitCode::from(skill_lock::run(std::env::args_os()))
+    skill_lock::run(std::env::args_os()).into()
 }

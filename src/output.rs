@@ -1,22 +1,83 @@
-//! Output (SPEC §3): the JSON wire format and the only writer to stdout.
+//! Output (SPEC §3): the JSON wire objects, their exit statuses, and the only
+//! writer to stdout.
 //!
-//! Every invocation but `--help`/`--version` prints exactly one [`Report`] as
-//! one line. Fields appear in declaration order and are left out when they
-//! do not apply to a result; a field that applies but has no value is `null`.
-//!
-//! Results: `acquired`, `already_running` (acquire, run); `renewed`,
-//! `not_owner`, `not_held` (renew); `released`, `not_held`, `refused`
-//! (release); `status`; `list`; `held`, `not_owner`, `not_held`, `expired`
-//! (check); `history`; `ran` (run, on stderr); `error`. Exit statuses come from [`Report::exit`].
+//! Every invocation but `--help`/`--version`/`completions` prints exactly one
+//! JSON object as one line. [`Report`] is one type per wire object, tagged by
+//! `result`; fields appear in declaration order; a field that applies but has
+//! no value is `null`. Each object knows its [`ExitStatus`], and the
+//! conversions from engine outcomes to objects live here, beside them. The
+//! `list` object is written entry by entry as the store hands the locks over
+//! ([`print_list`]), so its locks are never all in memory.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 
 use serde::Serialize;
 
-use crate::engine::TookOver;
+use crate::engine::{self, Acquire, Check, Context, Release, Renew, State, TookOver};
 use crate::error::Error;
 use crate::history::Event;
+use crate::key::LockKey;
+use crate::lease::{self, Now};
 use crate::record::{Holder, Timestamp};
+use crate::store::{Listed, Store};
+
+/// How an invocation exits (SPEC §2 "Exit status").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// 0: acquired, renewed, released or nothing to release, read, check holds.
+    Success,
+    /// 2: bad arguments or input, unreadable store, I/O failure.
+    Error,
+    /// 3: someone else holds the lock.
+    AlreadyRunning,
+    /// 4: a token that is not the live holder's, or no lock to renew/check.
+    NotYours,
+    /// `run`: the status of CMD (128+signal when a signal ended it).
+    Ran(u8),
+}
+
+impl ExitStatus {
+    /// The process exit status.
+    #[must_use]
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Success => 0,
+            Self::Error => 2,
+            Self::AlreadyRunning => 3,
+            Self::NotYours => 4,
+            Self::Ran(status) => status,
+        }
+    }
+}
+
+impl From<ExitStatus> for std::process::ExitCode {
+    fn from(status: ExitStatus) -> Self {
+        Self::from(status.code())
+    }
+}
+
+/// What every object about one lock carries: `skill`, `repo` (as given) and `lock`.
+#[derive(Debug, Clone, Serialize)]
+pub struct About {
+    /// Skill, as given.
+    pub skill: String,
+    /// Repo, as given.
+    pub repo: String,
+    /// The lock's path (or key in a network store).
+    pub lock: String,
+}
+
+impl About {
+    /// The lock `key` in `store`.
+    #[must_use]
+    pub fn new(key: &LockKey, store: &impl Store) -> Self {
+        Self {
+            skill: key.skill().to_owned(),
+            repo: key.repo().to_owned(),
+            lock: store.location(key),
+        }
+    }
+}
 
 /// A `took_over` object: why, and the holder replaced.
 #[derive(Debug, Clone, Serialize)]
@@ -27,13 +88,167 @@ pub struct TookOverJson {
     pub holder: Option<Holder>,
 }
 
-impl From<&TookOver> for TookOverJson {
-    fn from(t: &TookOver) -> Self {
+impl From<TookOver> for TookOverJson {
+    fn from(t: TookOver) -> Self {
         Self {
             reason: t.reason.as_str(),
-            holder: t.holder.clone(),
+            holder: t.holder,
         }
     }
+}
+
+/// `acquired` (acquire, run): the lock is ours.
+#[derive(Debug, Clone, Serialize)]
+pub struct Acquired {
+    #[serde(flatten)]
+    about: About,
+    token: String,
+    started: Timestamp,
+    expires: Timestamp,
+    ttl: u64,
+    note: Option<String>,
+    owner_pid: Option<u32>,
+    fence: u64,
+    took_over: Option<TookOverJson>,
+}
+
+/// `already_running` (acquire, run): someone else holds a live lease.
+#[derive(Debug, Clone, Serialize)]
+pub struct AlreadyRunning {
+    #[serde(flatten)]
+    about: About,
+    holder: Holder,
+    expires_in: u64,
+    hint: String,
+}
+
+/// `ran` (run, on stderr): CMD ran while the lock was held.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ran {
+    #[serde(flatten)]
+    about: About,
+    fence: u64,
+    exit_status: u8,
+    signal: Option<i32>,
+    lost: bool,
+    renewals: u64,
+    released: bool,
+}
+
+/// `renewed` (renew).
+#[derive(Debug, Clone, Serialize)]
+#[allow(clippy::struct_field_names, reason = "the wire names its fields")]
+pub struct Renewed {
+    #[serde(flatten)]
+    about: About,
+    expires: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    renewed: Option<Timestamp>,
+    ttl: u64,
+    fence: u64,
+    was_expired: bool,
+    expires_in: u64,
+}
+
+/// `not_owner` of renew: another token holds the lock.
+#[derive(Debug, Clone, Serialize)]
+pub struct RenewNotOwner {
+    #[serde(flatten)]
+    about: About,
+    holder: Holder,
+    expires_in: u64,
+}
+
+/// `not_held` of renew: no lock, or only an unreadable one.
+#[derive(Debug, Clone, Serialize)]
+pub struct RenewNotHeld {
+    #[serde(flatten)]
+    about: About,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stale_reason: Option<&'static str>,
+}
+
+/// `released` (release).
+#[derive(Debug, Clone, Serialize)]
+pub struct Released {
+    #[serde(flatten)]
+    about: About,
+    forced: bool,
+    holder: Option<Holder>,
+}
+
+/// `refused` (release): the token does not hold the lock.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refused {
+    #[serde(flatten)]
+    about: About,
+    holder: Option<Holder>,
+}
+
+/// The state of one lock, as `status` and `list` show it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum LockState {
+    /// A live lease.
+    Held {
+        /// Its holder.
+        holder: Holder,
+        /// Seconds left.
+        expires_in: u64,
+    },
+    /// A lock the next acquire takes over.
+    Stale {
+        /// `expired`, `owner_dead` or `corrupt`.
+        stale_reason: &'static str,
+        /// Its holder, or null when unreadable.
+        holder: Option<Holder>,
+        /// Seconds left, or null when unreadable.
+        expires_in: Option<u64>,
+    },
+    /// No lock.
+    Free,
+}
+
+impl From<State> for LockState {
+    fn from(state: State) -> Self {
+        match state {
+            State::Held { holder, expires_in } => Self::Held { holder, expires_in },
+            State::Stale {
+                reason,
+                holder,
+                expires_in,
+            } => Self::Stale {
+                stale_reason: reason.as_str(),
+                holder,
+                expires_in,
+            },
+            State::Free => Self::Free,
+        }
+    }
+}
+
+impl LockState {
+    fn fence(&self) -> Option<u64> {
+        match self {
+            Self::Held { holder, .. }
+            | Self::Stale {
+                holder: Some(holder),
+                ..
+            } => Some(holder.fence),
+            _ => None,
+        }
+    }
+}
+
+/// `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    #[serde(flatten)]
+    about: About,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fence: Option<u64>,
+    #[serde(flatten)]
+    state: LockState,
 }
 
 /// One lock in a `list` result.
@@ -43,139 +258,269 @@ pub struct ListEntry {
     pub skill: String,
     /// Repository (as recorded; lowercase when the record is unreadable).
     pub repo: String,
-    /// `held` or `stale`.
-    pub state: &'static str,
-    /// Why stale, when stale.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_reason: Option<&'static str>,
-    /// The holder, or null when unreadable.
-    pub holder: Option<Holder>,
-    /// Seconds left, or null when unreadable.
-    pub expires_in: Option<u64>,
+    /// Held or stale, with the holder.
+    #[serde(flatten)]
+    pub state: LockState,
     /// Where the lock is.
     pub lock: String,
 }
 
-/// The one JSON object of an invocation.
-#[derive(Debug, Clone, Default, Serialize)]
-#[allow(clippy::option_option)]
-pub struct Report {
-    /// What happened.
-    pub result: &'static str,
-    /// SPEC error code, on errors.
+/// `held` (check): the token holds a live lease.
+#[derive(Debug, Clone, Serialize)]
+pub struct Held {
+    #[serde(flatten)]
+    about: About,
+    expires: Timestamp,
+    fence: u64,
+    expires_in: u64,
+}
+
+/// `not_owner` of check: another token holds it, or its record is unreadable.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckNotOwner {
+    #[serde(flatten)]
+    about: About,
+    holder: Option<Holder>,
+}
+
+/// `expired` (check): the token's lease ran out or its owner died.
+#[derive(Debug, Clone, Serialize)]
+pub struct Expired {
+    #[serde(flatten)]
+    about: About,
+    expires: Timestamp,
+    fence: u64,
+    stale_reason: &'static str,
+}
+
+/// `history`.
+#[derive(Debug, Clone, Serialize)]
+pub struct History {
+    /// The lock asked about, if one was.
+    #[serde(flatten)]
+    about: Option<About>,
+    /// Where it looked, when no lock was named.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<&'static str>,
-    /// What to do, on errors.
+    store: Option<String>,
+    events: Vec<Event>,
+}
+
+/// `error` (SPEC §3 "Errors").
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorReport {
+    error: &'static str,
+    message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// Skill, as given.
+    skill: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub skill: Option<String>,
-    /// Repo, as given.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub repo: Option<String>,
-    /// The lock's path (or key in a network store).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lock: Option<String>,
-    /// The token: only in `acquired`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-    /// Start of the lease.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub started: Option<Timestamp>,
-    /// End of the lease.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires: Option<Timestamp>,
-    /// Time of this renewal.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub renewed: Option<Timestamp>,
-    /// Lease length, seconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttl: Option<u64>,
-    /// The note kept.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<Option<String>>,
-    /// Owner pid kept.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub owner_pid: Option<Option<u32>>,
-    /// Fencing number of the acquisition.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fence: Option<u64>,
-    /// The stale lock replaced, or null.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub took_over: Option<Option<TookOverJson>>,
-    /// Renewed a lease that had run out.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub was_expired: Option<bool>,
-    /// `--force` overrode the holder.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub forced: Option<bool>,
-    /// `held`, `stale` or `free` (status).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<&'static str>,
-    /// Why stale.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_reason: Option<&'static str>,
-    /// The holder record (never the token).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub holder: Option<Option<Holder>>,
-    /// Seconds left on the holder's lease.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_in: Option<Option<u64>>,
-    /// The `release --force` command line for a holder known to be dead.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
-    /// Where `list` looked.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub store: Option<String>,
-    /// Every lock (list).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub locks: Option<Vec<ListEntry>>,
-    /// Leftovers of takeovers seen (list).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tombstones: Option<usize>,
-    /// Status `run` exits with (CMD's, or 128+signal).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_status: Option<u8>,
-    /// Signal that ended CMD, or null.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signal: Option<Option<i32>>,
-    /// A renewal found the lease lost while CMD ran.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lost: Option<bool>,
-    /// Renewals made while CMD ran.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub renewals: Option<u64>,
-    /// The lock was released when CMD ended.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub released: Option<bool>,
-    /// History events, oldest first.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub events: Option<Vec<Event>>,
-    /// Exit status (not printed).
-    #[serde(skip)]
-    pub exit: u8,
+    repo: Option<String>,
+}
+
+/// The one JSON object of an invocation, tagged by `result`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Report {
+    /// acquire, run: exit 0.
+    Acquired(Acquired),
+    /// acquire, run: exit 3.
+    AlreadyRunning(AlreadyRunning),
+    /// run: CMD's exit status.
+    Ran(Ran),
+    /// renew: exit 0.
+    Renewed(Renewed),
+    /// renew: exit 4.
+    #[serde(rename = "not_owner")]
+    RenewNotOwner(RenewNotOwner),
+    /// renew: exit 4.
+    #[serde(rename = "not_held")]
+    RenewNotHeld(RenewNotHeld),
+    /// release: exit 0.
+    Released(Released),
+    /// release of a free lock: exit 0.
+    #[serde(rename = "not_held")]
+    ReleaseNotHeld(About),
+    /// release: exit 4.
+    Refused(Refused),
+    /// status: exit 0.
+    Status(Status),
+    /// check: exit 0.
+    Held(Held),
+    /// check: exit 4.
+    #[serde(rename = "not_owner")]
+    CheckNotOwner(CheckNotOwner),
+    /// check: exit 4.
+    #[serde(rename = "not_held")]
+    CheckNotHeld(About),
+    /// check: exit 4.
+    Expired(Expired),
+    /// history: exit 0.
+    History(History),
+    /// Any command that could not reach an outcome: exit 2.
+    Error(ErrorReport),
 }
 
 impl Report {
-    /// A report with a result and exit status.
+    /// The exit status this object means.
     #[must_use]
-    pub fn new(result: &'static str, exit: u8) -> Self {
-        Self {
-            result,
-            exit,
-            ..Self::default()
+    pub fn exit_status(&self) -> ExitStatus {
+        match self {
+            Self::Acquired(_)
+            | Self::Renewed(_)
+            | Self::Released(_)
+            | Self::ReleaseNotHeld(_)
+            | Self::Status(_)
+            | Self::Held(_)
+            | Self::History(_) => ExitStatus::Success,
+            Self::AlreadyRunning(_) => ExitStatus::AlreadyRunning,
+            Self::Ran(r) => ExitStatus::Ran(r.exit_status),
+            Self::RenewNotOwner(_)
+            | Self::RenewNotHeld(_)
+            | Self::Refused(_)
+            | Self::CheckNotOwner(_)
+            | Self::CheckNotHeld(_)
+            | Self::Expired(_) => ExitStatus::NotYours,
+            Self::Error(_) => ExitStatus::Error,
         }
     }
 
-    /// The error report of SPEC §3.
+    /// The error object of SPEC §3; `lock` names the skill and repo as given.
     #[must_use]
-    pub fn error(err: &Error) -> Self {
-        Self {
-            error: Some(err.code()),
-            message: Some(err.to_string()),
-            ..Self::new("error", err.exit_code())
+    pub fn error(err: &Error, lock: Option<(String, String)>) -> Self {
+        let (skill, repo) = lock.unzip();
+        Self::Error(ErrorReport {
+            error: err.code(),
+            message: err.to_string(),
+            skill,
+            repo,
+        })
+    }
+
+    /// The object of an acquire; `hint` is asked for only when the lock is held.
+    pub fn acquire(outcome: Acquire, about: About, hint: impl FnOnce() -> String) -> Self {
+        match outcome {
+            Acquire::Acquired {
+                token,
+                holder,
+                took_over,
+            } => Self::Acquired(Acquired {
+                about,
+                token,
+                started: holder.started,
+                expires: holder.expires,
+                ttl: holder.ttl,
+                note: holder.note,
+                owner_pid: holder.owner_pid,
+                fence: holder.fence,
+                took_over: took_over.map(TookOverJson::from),
+            }),
+            Acquire::AlreadyRunning { holder, expires_in } => {
+                Self::AlreadyRunning(AlreadyRunning {
+                    about,
+                    holder,
+                    expires_in,
+                    hint: hint(),
+                })
+            }
         }
+    }
+
+    /// The object of a `run` that ran CMD.
+    #[must_use]
+    pub fn ran(about: About, fence: u64, ran: &crate::run::Ran) -> Self {
+        Self::Ran(Ran {
+            about,
+            fence,
+            exit_status: ran.exit_status,
+            signal: ran.signal,
+            lost: ran.lost,
+            renewals: ran.renewals,
+            released: ran.released,
+        })
+    }
+
+    /// The object of a renew judged at `now`.
+    #[must_use]
+    pub fn renew(outcome: Renew, about: About, now: &Now) -> Self {
+        match outcome {
+            Renew::Renewed {
+                holder,
+                was_expired,
+            } => Self::Renewed(Renewed {
+                about,
+                expires: holder.expires,
+                renewed: holder.renewed,
+                ttl: holder.ttl,
+                fence: holder.fence,
+                was_expired,
+                expires_in: lease::expires_in(&holder, now),
+            }),
+            Renew::NotOwner { holder } => Self::RenewNotOwner(RenewNotOwner {
+                about,
+                expires_in: lease::expires_in(&holder, now),
+                holder,
+            }),
+            Renew::NotHeld { corrupt } => Self::RenewNotHeld(RenewNotHeld {
+                about,
+                stale_reason: corrupt.then_some("corrupt"),
+            }),
+        }
+    }
+
+    /// The object of a release.
+    #[must_use]
+    pub fn release(outcome: Release, about: About) -> Self {
+        match outcome {
+            Release::Released { holder, forced } => Self::Released(Released {
+                about,
+                forced,
+                holder,
+            }),
+            Release::NotHeld => Self::ReleaseNotHeld(about),
+            Release::Refused { holder } => Self::Refused(Refused { about, holder }),
+        }
+    }
+
+    /// The object of a status.
+    #[must_use]
+    pub fn status(state: State, about: About) -> Self {
+        let state = LockState::from(state);
+        Self::Status(Status {
+            about,
+            fence: state.fence(),
+            state,
+        })
+    }
+
+    /// The object of a check.
+    #[must_use]
+    pub fn check(outcome: Check, about: About) -> Self {
+        match outcome {
+            Check::Held { holder, expires_in } => Self::Held(Held {
+                about,
+                expires: holder.expires,
+                fence: holder.fence,
+                expires_in,
+            }),
+            Check::NotOwner { holder } => Self::CheckNotOwner(CheckNotOwner { about, holder }),
+            Check::NotHeld => Self::CheckNotHeld(about),
+            Check::Expired { reason, holder } => Self::Expired(Expired {
+                about,
+                expires: holder.expires,
+                fence: holder.fence,
+                stale_reason: reason.as_str(),
+            }),
+        }
+    }
+
+    /// The object of a history: of one lock (`about`), or of the whole `store`.
+    #[must_use]
+    pub fn history(about: Option<About>, store: String, events: Vec<Event>) -> Self {
+        let store = about.is_none().then_some(store);
+        Self::History(History {
+            about,
+            store,
+            events,
+        })
     }
 
     /// Serializes to one line ending in `\n`.
@@ -191,15 +536,130 @@ impl Report {
         v
     }
 
-    /// Prints the report on stdout (or stderr for `run`). A closed pipe is not an error.
-    pub fn emit(&self, to_stderr: bool) {
+    /// Prints the object on stdout (or stderr for `run`) and returns its exit
+    /// status. A closed pipe is not an error.
+    #[must_use = "the exit status is the process's"]
+    pub fn emit(&self, to_stderr: bool) -> ExitStatus {
         let line = self.to_line();
-        #[allow(clippy::print_stdout)]
         let _ = if to_stderr {
             std::io::stderr().lock().write_all(&line)
         } else {
-            let mut out = std::io::stdout().lock();
+            let mut out = stdout();
             out.write_all(&line).and_then(|()| out.flush())
         };
+        self.exit_status()
+    }
+}
+
+/// Standard output: only this module writes to it.
+#[allow(clippy::disallowed_methods, reason = "the one writer to stdout")]
+fn stdout() -> std::io::StdoutLock<'static> {
+    std::io::stdout().lock()
+}
+
+/// Prints the completion script of `cmd` for `shell` on stdout (SPEC §2).
+pub fn print_completions(cmd: &mut clap::Command, shell: clap_complete::Shell) -> ExitStatus {
+    clap_complete::generate(shell, cmd, "skill-lock", &mut stdout());
+    ExitStatus::Success
+}
+
+/// `list` (SPEC §2.5), written as it is read: `{"result":"list","store":..,
+/// "locks":[` then one [`ListEntry`] per lock, then `],"tombstones":N}`.
+struct ListWriter<W: Write> {
+    out: W,
+    first: bool,
+}
+
+impl<W: Write> ListWriter<W> {
+    fn start(mut out: W, store: &str) -> std::io::Result<Self> {
+        out.write_all(br#"{"result":"list","store":"#)?;
+        serde_json::to_writer(&mut out, store)?;
+        out.write_all(br#","locks":["#)?;
+        Ok(Self { out, first: true })
+    }
+
+    /// Judges one lock and writes it (a lock that turned out free is left out).
+    fn entry(&mut self, listed: Listed, ctx: &Context) -> std::io::Result<()> {
+        let state = LockState::from(engine::judge(&listed.current, ctx));
+        if matches!(state, LockState::Free) {
+            return Ok(());
+        }
+        let entry = ListEntry {
+            skill: listed.key.skill().to_owned(),
+            repo: listed.key.repo().to_owned(),
+            state,
+            lock: listed.location,
+        };
+        if !self.first {
+            self.out.write_all(b",")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.out, &entry)?;
+        Ok(())
+    }
+
+    fn finish(mut self, tombstones: usize) -> std::io::Result<W> {
+        writeln!(self.out, r#"],"tombstones":{tombstones}}}"#)?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// Counts the bytes that reached the writer, to know whether anything did.
+struct Counted<W: Write> {
+    inner: W,
+    written: usize,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Prints the `list` object of `store` on stdout, judging each lock with
+/// `ctx` as it is read, and returns its exit status. A closed pipe is not an
+/// error.
+///
+/// # Errors
+/// A store failure before any byte reached stdout (the caller prints the
+/// error object instead). A failure after that ends the broken line, puts the
+/// error object on stderr and returns [`ExitStatus::Error`].
+pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error> {
+    let stdout = Counted {
+        inner: stdout(),
+        written: 0,
+    };
+    let buffered = BufWriter::with_capacity(64 * 1024, stdout);
+    let Ok(mut list) = ListWriter::start(buffered, &store.describe()) else {
+        return Ok(ExitStatus::Success);
+    };
+    let mut closed = false;
+    let visited = store.visit_locks(&mut |lock| {
+        list.entry(lock, ctx).map_err(|e| {
+            closed = true;
+            Error::io("write", "standard output", e)
+        })
+    });
+    match visited {
+        Ok(tombstones) => {
+            let _ = list.finish(tombstones);
+            Ok(ExitStatus::Success)
+        }
+        Err(_) if closed => Ok(ExitStatus::Success),
+        Err(err) => {
+            let (mut stdout, _unwritten) = list.out.into_parts();
+            if stdout.written == 0 {
+                return Err(err);
+            }
+            let _ = stdout.write_all(b"\n");
+            Ok(Report::error(&err, None).emit(true))
+        }
     }
 }

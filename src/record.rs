@@ -240,7 +240,7 @@ fn is_hash(text: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use fmt::Write;
     bytes
         .iter()
@@ -269,6 +269,10 @@ pub fn new_token() -> Result<String> {
 
 /// A short random suffix for unique file names.
 #[must_use]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the time only makes a name unique, it decides nothing"
+)]
 pub fn random_suffix() -> String {
     let mut buf = [0u8; 8];
     if getrandom::fill(&mut buf).is_err() {

@@ -56,7 +56,7 @@ fn certain_machine(pid_ns: Option<u64>) -> Option<String> {
         return None;
     }
     let digest = Sha256::digest(format!("skill-lock machine {id}").as_bytes());
-    Some(digest.iter().take(16).map(|b| format!("{b:02x}")).collect())
+    Some(crate::record::hex(&digest[..16]))
 }
 
 pub(super) fn boot_ms() -> Option<u64> {

@@ -393,7 +393,9 @@ impl FileStore {
     /// the directory there), so a layout cut short by a crash while it was
     /// first made, or removed by hand, is whole again before anything uses it.
     fn ensure_layout(&self) -> Result<()> {
-        for sub in ["locks", "keys", "tmp", "tombs"] {
+        // `keys` last: a racer that finds it opens a guard and goes on to
+        // use `tmp`, `locks` and `tombs`, which must exist by then.
+        for sub in ["locks", "tmp", "tombs", "keys"] {
             let d = self.run.join(sub);
             mkdir(&d).map_err(|e| Error::io("create", &d, e))?;
         }
@@ -794,8 +796,19 @@ impl Store for FileStore {
     }
 
     fn list(&self) -> Result<Listing> {
-        let locks_dir = self.run.join("locks");
         let mut locks = Vec::new();
+        let tombstones = self.visit_locks(&mut |lock| {
+            locks.push(lock);
+            Ok(())
+        })?;
+        Ok(Listing { locks, tombstones })
+    }
+
+    /// Sorts the lock names first (each is its lowercase key), then reads
+    /// and hands over one record at a time.
+    fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
+        let locks_dir = self.run.join("locks");
+        let mut names = Vec::new();
         match std::fs::read_dir(&locks_dir) {
             Ok(dir) => {
                 for entry in dir {
@@ -805,26 +818,26 @@ impl Store for FileStore {
                     else {
                         continue;
                     };
-                    let Some(key) = LockKey::from_name(name) else {
-                        continue;
-                    };
-                    let path = entry.path();
-                    let current = read_lock_dir(&path)?;
-                    self.check_coherent(&current)?;
-                    if current == Current::Free {
-                        continue;
-                    }
-                    locks.push(Listed::new(key, path.display().to_string(), current));
+                    // A key parsed from a name has the repo in lowercase already.
+                    names.extend(LockKey::from_name(name));
                 }
             }
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(Error::io("read", locks_dir, e)),
         }
-        let tombstones = match std::fs::read_dir(self.run.join("tombs")) {
+        names.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
+        for key in names {
+            let path = locks_dir.join(format!("{}{LOCK_SUFFIX}", key.name()));
+            let current = read_lock_dir(&path)?;
+            self.check_coherent(&current)?;
+            if current != Current::Free {
+                visit(Listed::new(key, path.display().to_string(), current))?;
+            }
+        }
+        Ok(match std::fs::read_dir(self.run.join("tombs")) {
             Ok(d) => d.count(),
             Err(_) => 0,
-        };
-        Ok(Listing { locks, tombstones })
+        })
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {

@@ -2,7 +2,7 @@
 //! calls the store makes, and the request builders it needs.
 //!
 //! The protocol code (`proto.rs`) is generated ahead of time from
-//! `proto/etcd.proto` (see `tests/proto.rs`), so building needs no protoc.
+//! `proto/etcd.proto` (see `tests/integration/generated.rs`), so building needs no protoc.
 //! tonic carries the calls (HTTP/2, TLS by rustls); this module adds what
 //! etcd expects on top: the `token` header after `Authenticate` when a user
 //! is configured, and `hasleader` so that a member cut off from its cluster

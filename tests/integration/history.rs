@@ -1,7 +1,7 @@
 //! SPEC §2.8 under concurrency: the history is complete and well formed when
 //! many processes change locks at once, and fences only grow.
 
-mod common;
+use crate::common;
 
 use common::{TestEnv, Value};
 use std::collections::HashMap;

@@ -4,7 +4,7 @@
 //! Skipped visibly when `etcd` is not installed; `SKILL_LOCK_TEST_ETCD_REQUIRED=1`
 //! (set by CI) makes them mandatory. Failover times are printed.
 
-mod common;
+use crate::common;
 
 use common::{Cmd, TestEnv, Value};
 use std::path::Path;

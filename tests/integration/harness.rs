@@ -209,3 +209,65 @@ pub fn tree(dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// xorshift64*: no `rand` crate, and a seed that can be replayed.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator replaying `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// A generator seeded from the clock, the pid and a salt.
+    pub fn seeded(salt: u64) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Self::new(nanos ^ (u64::from(std::process::id()) << 32) ^ salt)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The `fence` of a result, if it has one.
+pub fn fence_of(v: &Value) -> Option<u64> {
+    v["fence"].as_u64()
+}
+
+/// The `holder.fence` of a result, if it has one.
+pub fn holder_fence(v: &Value) -> Option<u64> {
+    v["holder"]["fence"].as_u64()
+}
+
+/// The `fence` of a result that must have one.
+#[track_caller]
+pub fn must_fence(v: &Value) -> u64 {
+    fence_of(v).unwrap_or_else(|| panic!("no fence in {v}"))
+}
+
+/// The `holder.fence` of a result that must have one.
+#[track_caller]
+pub fn must_holder_fence(v: &Value) -> u64 {
+    holder_fence(v).unwrap_or_else(|| panic!("no holder.fence in {v}"))
+}
+
+/// A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
+/// each returning a typed mirror of the wire object.
+pub mod verbs;

@@ -6,7 +6,7 @@
 //! the FIFO open for reading and writing, writes one line per racer once all
 //! are started, so they all run `skill-lock` at the same moment.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -17,38 +17,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{BIN, Cmd, Out, TestEnv, Value};
+use common::{BIN, Cmd, Out, Rng, TestEnv, Value, must_fence, must_holder_fence};
 
 const SKILL: &str = "race";
 const REPO: &str = "o/r";
-
-/// xorshift64*, seeded from the clock, the pid and a salt: no `rand` crate.
-struct Rng(u64);
-
-impl Rng {
-    fn seeded(salt: u64) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let seed = nanos
-            ^ (u64::from(std::process::id()) << 32)
-            ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        Self(seed | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The start line of a race (see the module comment).
 struct Gate {
@@ -132,20 +104,6 @@ fn acquire(repo: &Path, extra: &[&str]) -> Out {
 
 fn status(repo: &Path) -> Out {
     run(repo, &["status", SKILL, "--repo", REPO])
-}
-
-#[track_caller]
-fn fence_of(v: &Value) -> u64 {
-    v["fence"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no fence in {v}"))
-}
-
-#[track_caller]
-fn holder_fence(v: &Value) -> u64 {
-    v["holder"]["fence"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no holder.fence in {v}"))
 }
 
 #[track_caller]
@@ -245,8 +203,8 @@ fn one_winner(outs: &[Out], round: usize) -> Value {
     // Every loser saw the winner's lock, not some other record.
     for o in outs.iter().filter(|o| o.code == 3) {
         assert_eq!(
-            holder_fence(&o.json),
-            fence_of(&w),
+            must_holder_fence(&o.json),
+            must_fence(&w),
             "round {round}: loser saw another holder: {}",
             o.stdout
         );
@@ -259,7 +217,7 @@ fn one_winner(outs: &[Out], round: usize) -> Value {
 fn release_token(repo: &Path, token: &str, fence: u64) {
     let out = run(repo, &["release", SKILL, "--repo", REPO, "--token", token]);
     let v = out.expect(0, "released");
-    assert_eq!(holder_fence(v), fence, "{v}");
+    assert_eq!(must_holder_fence(v), fence, "{v}");
     assert_eq!(v["forced"], false, "{v}");
 }
 
@@ -274,7 +232,7 @@ fn twenty_processes_one_free_lock_one_winner() {
         let outs = gate.race(&repo, &cmds);
         let w = one_winner(&outs, round);
         assert!(w["took_over"].is_null(), "a free lock was taken over: {w}");
-        let fence = fence_of(&w);
+        let fence = must_fence(&w);
         assert!(
             fence > last_fence,
             "round {round}: fence {fence} after {last_fence}"
@@ -282,7 +240,7 @@ fn twenty_processes_one_free_lock_one_winner() {
         last_fence = fence;
         let v = status(&repo).expect(0, "status").clone();
         assert_eq!(
-            (v["state"].as_str(), holder_fence(&v)),
+            (v["state"].as_str(), must_holder_fence(&v)),
             (Some("held"), fence),
             "{v}"
         );
@@ -311,17 +269,17 @@ fn takeover_rounds(
             "round {round}: fence {stale_fence} after {last_fence}"
         );
         let v = wait_stale(&repo, reason);
-        assert_eq!(holder_fence(&v), stale_fence, "{v}");
+        assert_eq!(must_holder_fence(&v), stale_fence, "{v}");
 
         let outs = gate.race(&repo, &cmds);
         let w = one_winner(&outs, round);
         assert_eq!(w["took_over"]["reason"], reason, "round {round}: {w}");
         assert_eq!(
-            holder_fence(&w["took_over"]),
+            must_holder_fence(&w["took_over"]),
             stale_fence,
             "round {round}: {w}"
         );
-        let fence = fence_of(&w);
+        let fence = must_fence(&w);
         assert!(
             fence > stale_fence,
             "round {round}: takeover fence {fence} after {stale_fence}"
@@ -330,7 +288,7 @@ fn takeover_rounds(
 
         let v = status(&repo).expect(0, "status").clone();
         assert_eq!(
-            (v["state"].as_str(), holder_fence(&v)),
+            (v["state"].as_str(), must_holder_fence(&v)),
             (Some("held"), fence),
             "{v}"
         );
@@ -343,7 +301,7 @@ fn takeover_rounds(
 #[test]
 fn sixteen_takeovers_of_one_stale_lock_one_winner() {
     takeover_rounds(10, 16, "expired", |repo| {
-        fence_of(acquire(repo, &["--ttl", "1"]).expect(0, "acquired"))
+        must_fence(acquire(repo, &["--ttl", "1"]).expect(0, "acquired"))
     });
 }
 
@@ -362,7 +320,7 @@ fn sixteen_takeovers_of_a_dead_owners_lock_one_winner() {
         );
         owner.kill().unwrap();
         owner.wait().unwrap();
-        fence_of(&v)
+        must_fence(&v)
     });
 }
 
@@ -401,14 +359,14 @@ fn witness_never_sees_two_holders() {
                             v["took_over"].is_null(),
                             "a ttl-30 lock was taken over: {v}"
                         );
-                        break (token_of(v), fence_of(v));
+                        break (token_of(v), must_fence(v));
                     };
                     acquired.fetch_add(1, Ordering::SeqCst);
                     // One write(2) per line on an O_APPEND file: lines never interleave.
                     log.write_all(format!("enter {id} {fence}\n").as_bytes())
                         .unwrap();
                     let out = run(repo, &["check", SKILL, "--repo", REPO, "--token", &token]);
-                    assert_eq!(fence_of(out.expect(0, "held")), fence);
+                    assert_eq!(must_fence(out.expect(0, "held")), fence);
                     std::thread::sleep(Duration::from_micros(500 + rng.below(2_500)));
                     log.write_all(format!("exit {id}\n").as_bytes()).unwrap();
                     release_token(repo, &token, fence);
@@ -525,7 +483,7 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
         let kind = format!("{state}/{}", if killed { "killed" } else { "exited" });
         *seen.entry(kind).or_default() += 1;
         if state != "free" {
-            let f = holder_fence(&v);
+            let f = must_holder_fence(&v);
             assert!(
                 f > max_fence,
                 "round {round}: fence {f} not above {max_fence}: {v}"
@@ -537,13 +495,13 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
             // Crash safety: the killed holder's lease runs out; it never sticks.
             lease_checked = true;
             let stale = wait_stale(&repo, "expired");
-            assert_eq!(holder_fence(&stale), max_fence, "{stale}");
+            assert_eq!(must_holder_fence(&stale), max_fence, "{stale}");
             let out = acquire(&repo, &["--ttl", "60"]);
             let w = out.expect(0, "acquired");
             assert_eq!(w["took_over"]["reason"], "expired", "{w}");
-            assert_eq!(holder_fence(&w["took_over"]), max_fence, "{w}");
-            assert!(fence_of(w) > max_fence, "{w}");
-            max_fence = fence_of(w);
+            assert_eq!(must_holder_fence(&w["took_over"]), max_fence, "{w}");
+            assert!(must_fence(w) > max_fence, "{w}");
+            max_fence = must_fence(w);
         }
 
         // Reset (a release without a token always works on a free or held lock).
@@ -566,11 +524,11 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
     let w = out.expect(0, "acquired").clone();
     assert!(w["took_over"].is_null(), "{w}");
     assert!(
-        fence_of(&w) > max_fence,
+        must_fence(&w) > max_fence,
         "fence {} not above {max_fence}",
-        fence_of(&w)
+        must_fence(&w)
     );
-    release_token(&repo, &token_of(&w), fence_of(&w));
+    release_token(&repo, &token_of(&w), must_fence(&w));
     for sub in ["tmp", "tombs"] {
         let left = common::tree(&run_dir.join(sub));
         assert!(
@@ -596,7 +554,7 @@ fn takeover_never_tombstones_a_fresh_lock() {
     for round in 0..ROUNDS {
         let out = acquire(&repo, &["--ttl", "1"]);
         let old = out.expect(0, "acquired").clone();
-        let (old_token, old_fence) = (token_of(&old), fence_of(&old));
+        let (old_token, old_fence) = (token_of(&old), must_fence(&old));
         assert!(
             old_fence > last_fence,
             "round {round}: fence {old_fence} after {last_fence}"
@@ -640,7 +598,7 @@ fn takeover_never_tombstones_a_fresh_lock() {
                 ("acquire", 3, "already_running") => {}
                 ("release", 0, "released") => {
                     assert_eq!(
-                        holder_fence(&o.json),
+                        must_holder_fence(&o.json),
                         old_fence,
                         "round {round}: old token released a newer lock:\n{all}"
                     );
@@ -649,14 +607,14 @@ fn takeover_never_tombstones_a_fresh_lock() {
                 ("release", 0, "not_held") | ("renew", 4, "not_held") => freed_seen = true,
                 ("release", 4, "refused") | ("renew", 4, "not_owner") => {
                     assert_ne!(
-                        holder_fence(&o.json),
+                        must_holder_fence(&o.json),
                         old_fence,
                         "round {round}: refused its own lock:\n{all}"
                     );
                 }
                 ("renew", 0, "renewed") => {
                     assert_eq!(
-                        fence_of(&o.json),
+                        must_fence(&o.json),
                         old_fence,
                         "round {round}: old token renewed a newer lock:\n{all}"
                     );
@@ -675,7 +633,7 @@ fn takeover_never_tombstones_a_fresh_lock() {
 
         let v = status(&repo).expect(0, "status").clone();
         if let Some(w) = &winner {
-            let fence = fence_of(w);
+            let fence = must_fence(w);
             assert!(fence > old_fence, "{w}");
             match w["took_over"].as_object() {
                 Some(t) => {
@@ -700,13 +658,13 @@ fn takeover_never_tombstones_a_fresh_lock() {
                 }
             }
             assert_eq!(
-                (v["state"].as_str(), holder_fence(&v)),
+                (v["state"].as_str(), must_holder_fence(&v)),
                 (Some("held"), fence),
                 "round {round}: the winner's lock is gone:\n{v}\n{all}"
             );
             let token = token_of(w);
             let c = run(&repo, &["check", SKILL, "--repo", REPO, "--token", &token]);
-            assert_eq!(fence_of(c.expect(0, "held")), fence);
+            assert_eq!(must_fence(c.expect(0, "held")), fence);
             let c = run(
                 &repo,
                 &["check", SKILL, "--repo", REPO, "--token", &old_token],
@@ -718,12 +676,16 @@ fn takeover_never_tombstones_a_fresh_lock() {
             // every acquirer found it live.
             for (cmd, o) in cmds.iter().zip(&outs) {
                 if cmd[0] == "acquire" {
-                    assert_eq!(holder_fence(&o.json), old_fence, "round {round}:\n{all}");
+                    assert_eq!(
+                        must_holder_fence(&o.json),
+                        old_fence,
+                        "round {round}:\n{all}"
+                    );
                 }
             }
             match v["state"].as_str() {
                 Some("free") => assert_eq!(released, 1, "{v}"),
-                Some("held" | "stale") => assert_eq!(holder_fence(&v), old_fence, "{v}"),
+                Some("held" | "stale") => assert_eq!(must_holder_fence(&v), old_fence, "{v}"),
                 _ => panic!("{v}"),
             }
             last_fence = old_fence;

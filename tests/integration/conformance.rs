@@ -4,7 +4,7 @@
 //! (`host:port[,host:port]`); without it the etcd half is skipped visibly, and
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` (set by CI) turns the skip into a failure.
 
-mod common;
+use crate::common;
 
 use common::{Cmd, TestEnv, Value};
 use std::path::Path;

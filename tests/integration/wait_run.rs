@@ -4,7 +4,7 @@
 //! Timing bounds are deliberately generous: a bound only catches "never
 //! waited" or "waited far too long", never a few hundred milliseconds.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;

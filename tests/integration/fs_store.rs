@@ -4,7 +4,7 @@
 //! read-only layers, pid namespaces and other machines. Each test fails on
 //! the code before its fix.
 
-mod common;
+use crate::common;
 
 use common::{BIN, Cmd, TestEnv, Value};
 use std::os::unix::process::CommandExt;

@@ -9,7 +9,7 @@
 //! there is exactly one winner, never an order. The tests with one queued
 //! process are fully deterministic.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -628,7 +628,7 @@ fn readers_do_not_block_on_the_guard_and_see_a_complete_state() {
 /// every acquire is a takeover.
 #[test]
 fn a_reader_never_sees_corrupt_during_a_takeover() {
-    use skill_lock::engine::{self, AcquireRequest, Context};
+    use skill_lock::engine::{self, AcquireRequest, Clock, Context};
     use skill_lock::key::LockKey;
     use skill_lock::lease::Now;
     use skill_lock::store::fs::FileStore;
@@ -663,13 +663,13 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
         while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(5) {
             let mut ctx = base.clone();
             // Two seconds later each time: the previous 1 s lease has run out.
-            // The clock is pinned (`clock: None`), or the decision would read
+            // The clock is pinned (`Clock::Fixed`), or the decision would read
             // the real one and find the lease live.
             ctx.now = Now {
                 wall_ms: base.now.wall_ms + takeovers * 2000,
                 boot: None,
             };
-            ctx.clock = None;
+            ctx.clock = Clock::Fixed(ctx.now.clone());
             let got = engine::acquire(&store, &key, &req, &ctx).unwrap();
             // Every acquire but the first must be a takeover, or the test proves nothing.
             let took_over = matches!(

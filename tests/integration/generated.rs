@@ -8,7 +8,7 @@
 //!   the bundle and the wheel carry.
 //!
 //! Each test regenerates its files and fails when the committed ones differ.
-//! `SKILL_LOCK_BLESS=1 cargo test --test generated` rewrites them.
+//! `SKILL_LOCK_BLESS=1 cargo test --test integration generated::` rewrites them.
 
 use std::path::Path;
 
@@ -26,8 +26,8 @@ fn generate(out_dir: &Path) -> String {
     let code = std::fs::read_to_string(out_dir.join("etcdserverpb.rs"))
         .unwrap_or_else(|e| panic!("generated file missing: {e}"));
     format!(
-        "// @generated from proto/etcd.proto by tests/generated.rs (tonic-prost-build with protox).\n\
-         // Do not edit: change the .proto file and run `SKILL_LOCK_BLESS=1 cargo test --test generated`.\n\
+        "// @generated from proto/etcd.proto by tests/integration/generated.rs (tonic-prost-build with protox).\n\
+         // Do not edit: change the .proto file and run `SKILL_LOCK_BLESS=1 cargo test --test integration generated::`.\n\
          #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]\n\n{code}"
     )
 }
@@ -45,7 +45,7 @@ fn generated_etcd_code_matches_its_proto() {
     assert!(
         committed == fresh,
         "src/store/etcd/proto.rs is not what proto/etcd.proto generates; \
-         run `SKILL_LOCK_BLESS=1 cargo test --test generated` and commit the result"
+         run `SKILL_LOCK_BLESS=1 cargo test --test integration generated::` and commit the result"
     );
 }
 
@@ -77,14 +77,14 @@ fn committed_man_pages_match_the_command_line_definition() {
         names(&committed_dir),
         names(dir.path()),
         "packaging/wheel-data/data/share/man/man1 does not hold the pages the command line defines; \
-         run `SKILL_LOCK_BLESS=1 cargo test --test generated` and commit the result"
+         run `SKILL_LOCK_BLESS=1 cargo test --test integration generated::` and commit the result"
     );
     for n in names(dir.path()) {
         let fresh = std::fs::read(dir.path().join(&n)).unwrap();
         let committed = std::fs::read(committed_dir.join(&n)).unwrap();
         assert!(
             fresh == committed,
-            "packaging/wheel-data/data/share/man/man1/{n} is stale; run `SKILL_LOCK_BLESS=1 cargo test --test generated`"
+            "packaging/wheel-data/data/share/man/man1/{n} is stale; run `SKILL_LOCK_BLESS=1 cargo test --test integration generated::`"
         );
     }
 }

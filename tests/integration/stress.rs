@@ -19,7 +19,8 @@
 //! `STRESS_BIN` runs another build of the binary instead (only to show that
 //! the harness catches a deliberately broken one).
 
-mod common;
+use crate::common;
+use common::Value;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
@@ -31,7 +32,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Cmd, Out, TestEnv, Value};
+use common::{Cmd, Out, Rng, TestEnv, fence_of, holder_fence};
 use skill_lock::history::{Event, EventKind};
 use skill_lock::record::OwnerRecord;
 
@@ -52,33 +53,6 @@ fn lock_name(i: usize) -> String {
     let repo = repo.to_ascii_lowercase();
     let (owner, name) = repo.split_once('/').unwrap();
     format!("{skill}@{owner}__{name}")
-}
-
-/// xorshift64*: no `rand` crate, and a seed that can be replayed.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
 }
 
 /// `CLOCK_BOOTTIME` in nanoseconds: the clock of same-boot lease deadlines.
@@ -287,14 +261,6 @@ struct Held {
     token: String,
     fence: u64,
     ttl: u64,
-}
-
-fn fence_of(v: &Value) -> Option<u64> {
-    v["fence"].as_u64()
-}
-
-fn holder_fence(v: &Value) -> Option<u64> {
-    v["holder"]["fence"].as_u64()
 }
 
 fn kill_delay(rng: &mut Rng, percent: u64) -> Option<u64> {

@@ -1,8 +1,9 @@
 //! The contract of SPEC §2-§6 through the real binary, in real temporary git
 //! repositories, worktrees, svn-like folders and plain folders.
 
-mod common;
+use crate::common;
 
+use common::verbs::{Lock, Reply, reply};
 use common::{TestEnv, Value, tree};
 use std::path::Path;
 
@@ -83,8 +84,12 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
     let left = v["expires_in"].as_u64().unwrap();
     assert!((598..=601).contains(&left), "{left}");
     let hint = v["hint"].as_str().unwrap();
+    // Not on PATH here: the hint names this program by its absolute path.
     assert!(
-        hint.starts_with("skill-lock release issue-triage --repo Apache/AIRFLOW --force"),
+        hint.starts_with(&format!(
+            "{} release issue-triage --repo Apache/AIRFLOW --force",
+            common::BIN
+        )),
         "{hint}"
     );
     assert!(!held.stdout.contains(&token));
@@ -107,59 +112,24 @@ fn acquire_held_release_cycle_in_a_git_checkout() {
     assert_eq!(s["state"], "held");
     assert_holder(&s["holder"]);
 
-    env.cmd(&repo)
-        .args([
-            "check",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            &token,
-        ])
-        .run()
-        .expect(0, "held");
-    env.cmd(&repo)
-        .args([
-            "check",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            "0123",
-        ])
-        .run()
-        .expect(4, "not_owner");
-
-    let rel = env
-        .cmd(&repo)
-        .args([
-            "release",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            &token,
-        ])
-        .run();
-    let r = rel.expect(0, "released");
-    assert_eq!(r["forced"], false);
-    assert_eq!(r["holder"]["fence"], 1);
+    // The same steps in verbs, read into typed replies.
+    let triage = Lock::new(&repo, "issue-triage", "apache/airflow");
+    assert!(matches!(triage.check(&token), Reply::Held { fence: 1, .. }));
+    assert!(matches!(triage.check("0123"), Reply::NotOwner { .. }));
+    let Reply::Released {
+        forced: false,
+        holder: Some(removed),
+        ..
+    } = triage.release(&token)
+    else {
+        panic!("not released with its token")
+    };
+    assert_eq!(removed.fence, 1);
     assert!(!lock.exists());
-    env.cmd(&repo)
-        .args(["release", "issue-triage", "--repo", "apache/airflow"])
-        .run()
-        .expect(0, "not_held");
-    env.cmd(&repo)
-        .args([
-            "check",
-            "issue-triage",
-            "--repo",
-            "apache/airflow",
-            "--token",
-            &token,
-        ])
-        .run()
-        .expect(4, "not_held");
+    let out = triage.cmd("release", &[]).run();
+    assert!(matches!(reply(&out), Reply::NotHeld { .. }) && out.code == 0);
+    let out = triage.cmd("check", &["--token", &token]).run();
+    assert!(matches!(reply(&out), Reply::NotHeld { .. }) && out.code == 4);
     let s = env
         .cmd(&repo)
         .args(["status", "issue-triage", "--repo", "apache/airflow"])
@@ -893,4 +863,166 @@ fn history_tells_who_held_it() {
     assert_eq!(all["events"][1]["skill"], "other");
     let text = std::fs::read_to_string(repo.join(".git/apache-magpie/run/history.jsonl")).unwrap();
     assert!(!text.contains(&tb), "history holds a token");
+}
+
+/// The write phase shown by `--help`, as a script: its lines, unindented.
+fn help_write_phase(env: &TestEnv) -> String {
+    let help = env.cmd(&env.root).arg("--help").run().stdout;
+    let start = help
+        .find("Typical write phase")
+        .expect("--help shows the write phase");
+    let block = &help[start..];
+    let end = block
+        .find("\n\n")
+        .expect("the example ends with a blank line");
+    block[..end]
+        .lines()
+        .skip(1)
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_help_write_phase_matches_the_docs_and_runs_under_set_euo_pipefail() {
+    let env = TestEnv::new();
+    let script = help_write_phase(&env);
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/write-lock.md"))
+            .unwrap();
+    for (verb, token) in [("acquire", false), ("check", true), ("release", true)] {
+        let in_help = format!("skill-lock {verb} issue-triage --repo apache/airflow");
+        let in_docs = format!("skill-lock {verb} <skill> --repo <owner/repo>");
+        assert!(script.contains(&in_help), "--help lacks {in_help}");
+        assert!(docs.contains(&in_docs), "docs lack {in_docs}");
+        if token {
+            let with = format!("{in_help} --token \"$token\"");
+            assert!(script.contains(&with), "--help lacks {with}");
+            assert!(docs.contains(&format!("{in_docs} --token <token>")));
+        }
+    }
+    // `skill-lock` on PATH is the binary under test.
+    let bin = env.dir("bin");
+    std::os::unix::fs::symlink(common::BIN, bin.join("skill-lock")).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let repo = env.git_repo("r");
+    let run = || {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("set -euo pipefail\n{script}"))
+            .current_dir(&repo)
+            .env_clear()
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let status = |what: &str| {
+        env.cmd(&repo)
+            .args(["status", "issue-triage", "--repo", "apache/airflow"])
+            .run()
+            .expect(0, "status")["state"]
+            == what
+    };
+    // Free: it posts, and the exit trap releases with the token.
+    let (code, out, err) = run();
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("post 1") && out.contains(r#""result":"released""#),
+        "{out}"
+    );
+    assert!(status("free"));
+    // Held by another run: no post, exit 0, and that run's lock is untouched.
+    env.cmd(&repo)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run()
+        .expect(0, "acquired");
+    let (code, out, err) = run();
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("held, not posting") && !out.contains("post 1"),
+        "{out}"
+    );
+    assert!(status("held"));
+}
+
+#[test]
+fn usage_errors_suggest_and_point_to_the_subcommands_help() {
+    let env = TestEnv::new();
+    let msg = |args: &[&str]| {
+        let out = env.cmd(&env.root).args(args).run();
+        let out = if args[0] == "run" {
+            // run's object goes to stderr.
+            crate::common::Out {
+                json: serde_json::from_str(out.stderr.trim_end()).unwrap(),
+                ..out
+            }
+        } else {
+            out
+        };
+        out.expect_error("usage")["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let m = msg(&["aquire", "s", "--repo", "a/b"]);
+    assert!(m.contains("did you mean 'acquire'?"), "{m}");
+    assert!(m.ends_with("run 'skill-lock --help' for usage"), "{m}");
+    let m = msg(&["run", "x", "--repo", "a/b", "sh", "-c", "true"]);
+    assert!(m.contains("put -- before the command"), "{m}");
+    assert!(m.ends_with("run 'skill-lock run --help' for usage"), "{m}");
+    let m = msg(&["acquire", "x", "--repo"]);
+    assert_eq!(
+        m,
+        "a value is required for '--repo <OWNER/NAME>' but none was supplied; \
+         run 'skill-lock acquire --help' for usage"
+    );
+    let m = msg(&["renew", "x", "--repo", "a/b", "--tokn", "t"]);
+    assert!(m.contains("did you mean '--token'?"), "{m}");
+}
+
+/// `list` streams its locks in the order of SPEC §2.5: by skill, then by repo
+/// compared case-insensitively; not the byte order of the lock names (where
+/// `a.b@` sorts before `a@`). Enough locks to span several output buffers.
+#[test]
+fn list_is_sorted_by_skill_then_repo_across_many_locks() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let mut want = Vec::new();
+    for skill in ["a", "a.b", "A", "a-b", "b"] {
+        for repo_name in ["o/R", "O/a", "o/b"] {
+            want.push((skill.to_owned(), repo_name.to_owned()));
+        }
+    }
+    for i in 0..150 {
+        want.push((format!("bulk{i}"), "o/r".to_owned()));
+    }
+    for (skill, repo_name) in &want {
+        env.cmd(&repo)
+            .args(["acquire", skill, "--repo", repo_name, "--note"])
+            .arg("x".repeat(400))
+            .run()
+            .expect(0, "acquired");
+    }
+    want.sort_by_key(|(s, r)| (s.clone(), r.to_ascii_lowercase()));
+    let out = env.cmd(&repo).arg("list").run();
+    assert!(out.stdout.len() > 2 * 64 * 1024, "spans several buffers");
+    let v = out.expect(0, "list");
+    let got: Vec<(String, String)> = v["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["skill"].as_str().unwrap().to_owned(),
+                l["repo"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(v["tombstones"], 0);
 }

@@ -7,7 +7,7 @@
 //! skipped visibly without it, a failure under `SKILL_LOCK_TEST_ETCD_REQUIRED`.
 //! The faults come from small TCP proxies on loopback started by each test.
 
-mod common;
+use crate::common;
 
 use common::{Cmd, TestEnv};
 use std::io::{Read, Write};

@@ -21,7 +21,15 @@ fn man_pages_and_completions_name_every_command_and_option() {
     );
     let bash = String::from_utf8(bash).unwrap();
     let commands = [
-        "acquire", "renew", "release", "status", "list", "check", "run", "history",
+        "acquire",
+        "renew",
+        "release",
+        "status",
+        "list",
+        "check",
+        "run",
+        "history",
+        "completions",
     ];
     for c in commands {
         assert!(
@@ -54,4 +62,20 @@ fn man_pages_and_completions_name_every_command_and_option() {
         assert!(all.contains(o.as_str()), "man pages lack {o}");
         assert!(bash.contains(o.as_str()), "bash completion lacks {o}");
     }
+}
+
+/// `completions SHELL` prints the script on stdout and exits 0 (SPEC §2), in
+/// any directory (it needs no project and no store), for every shell.
+#[test]
+fn completions_print_a_script_for_every_shell() {
+    let env = crate::common::TestEnv::new();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = env.cmd(&env.root).args(["completions", shell]).run();
+        assert_eq!(out.code, 0, "{shell}: {}", out.stderr);
+        for word in ["skill-lock", "acquire", "owner-pid"] {
+            assert!(out.stdout.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let out = env.cmd(&env.root).args(["completions", "tcsh"]).run();
+    out.expect_error("usage");
 }

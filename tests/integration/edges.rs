@@ -2,7 +2,7 @@
 //! clear error object or a documented safe outcome, never a panic or a
 //! half-written file.
 
-mod common;
+use crate::common;
 
 use common::{TestEnv, tree};
 use std::path::{Path, PathBuf};
@@ -175,4 +175,57 @@ fn arbitrary_bytes_in_a_record_are_corrupt_never_a_crash() {
         );
         assert!(st.stderr.is_empty(), "{}", st.stderr);
     }
+}
+
+/// A personal layer this user may not enter (another user's, or read-only):
+/// the error names the read that failed and the file, and says to use
+/// `--store file:DIR`, which then works. As root the binary runs as `nobody`.
+#[test]
+fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let env = TestEnv::new();
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    mode(&env.root, 0o755);
+    let repo = env.git_repo("r");
+    let layer = repo.join(".git/apache-magpie");
+    std::fs::create_dir_all(&layer).unwrap();
+    std::fs::write(layer.join("skill-lock.toml"), "").unwrap();
+    let mine = env.dir("mine");
+    mode(&mine, 0o777);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    mode(&layer, if root { 0o700 } else { 0o000 });
+    let run = |extra: &[&str]| {
+        let mut cmd = env
+            .cmd(&repo)
+            .args(["acquire", "s", "--repo", "o/r"])
+            .args(extra)
+            .command();
+        if root {
+            cmd.uid(65534).gid(65534);
+        }
+        common::Out::from(cmd.output().unwrap())
+    };
+    let out = run(&[]);
+    mode(&layer, 0o755);
+    let m = out.expect_error("io")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        m.starts_with(&format!(
+            "could not read {}: ",
+            layer.join("skill-lock.toml").display()
+        )),
+        "{m}"
+    );
+    assert!(m.contains("--store file:DIR"), "{m}");
+    mode(&layer, if root { 0o700 } else { 0o000 });
+    let url = format!("file:{}", mine.display());
+    let out = run(&["--store", &url]);
+    mode(&layer, 0o755);
+    out.expect(0, "acquired");
 }

@@ -3,7 +3,7 @@
 //! throwaway CA made here by `openssl`. Skipped visibly without etcd/openssl;
 //! mandatory under `SKILL_LOCK_TEST_ETCD_REQUIRED=1`.
 
-mod common;
+use crate::common;
 
 use common::{Cmd, TestEnv};
 use std::path::Path;

@@ -1,0 +1,134 @@
+//! The `hint` of `already_running` (SPEC §2.1): the exact `release --force`
+//! command line an operator pastes into a shell on this host to free a lock
+//! whose holder is known to be dead.
+//!
+//! It starts with `$SKILL_LOCK_LAUNCHER` when set (a launch line, used as
+//! given), else with `skill-lock` when that name on `PATH` is this very
+//! program, else with this program's absolute path; it names the store
+//! (`--store`, made absolute) or the project root (`--root`) so that it
+//! reaches the same lock from any directory. Every word is shell-quoted.
+
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::config::{Environment, Settings, StoreSource};
+use crate::key::LockKey;
+
+/// Quotes `s` for a POSIX shell (left bare when it only has safe characters).
+#[must_use]
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,".contains(&b))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The `release --force` command line for `key` in the settings' store.
+#[must_use]
+pub fn release_force(key: &LockKey, settings: &Settings) -> String {
+    let mut line = launcher(&settings.env);
+    let _ = write!(
+        line,
+        " release {} --repo {} --force",
+        shell_quote(key.skill()),
+        shell_quote(key.repo())
+    );
+    let choice = &settings.store;
+    match (choice.source, &choice.url, &choice.root) {
+        (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
+            let url = absolute_url(url, &settings.env.cwd);
+            let _ = write!(line, " --store {}", shell_quote(&url));
+        }
+        (_, _, Some(root)) => {
+            let _ = write!(line, " --root {}", shell_quote(&root.display().to_string()));
+        }
+        _ => {}
+    }
+    line
+}
+
+/// A `file:` URL with a relative directory, made absolute against `cwd`.
+fn absolute_url(url: &str, cwd: &Path) -> String {
+    match url.strip_prefix("file:") {
+        Some(dir) if Path::new(dir).is_relative() => {
+            format!("file:{}", cwd.join(dir).display())
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// How the operator starts this program from a shell.
+fn launcher(env: &Environment) -> String {
+    if let Some(line) = &env.launcher {
+        return line.to_string_lossy().into_owned();
+    }
+    let Some(exe) = &env.exe else {
+        return "skill-lock".to_owned();
+    };
+    match on_path(env.path.as_deref(), "skill-lock") {
+        Some(found) if same_file(&found, exe) => "skill-lock".to_owned(),
+        _ => shell_quote(&exe.display().to_string()),
+    }
+}
+
+/// The first executable file called `name` in the directories of `path`, as a shell finds it.
+fn on_path(path: Option<&OsStr>, name: &str) -> Option<PathBuf> {
+    std::env::split_paths(path?)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+#[cfg(unix)]
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(not(unix))]
+fn is_executable(p: &Path) -> bool {
+    p.is_file()
+}
+
+/// Are `a` and `b` the same file (same device and inode, links followed)?
+#[cfg(unix)]
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("apache/airflow"), "apache/airflow");
+        assert_eq!(shell_quote("/a b/c'd"), r"'/a b/c'\''d'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn relative_file_urls_become_absolute() {
+        let cwd = Path::new("/w");
+        assert_eq!(absolute_url("file:locks", cwd), "file:/w/locks");
+        assert_eq!(absolute_url("file:/x", cwd), "file:/x");
+        assert_eq!(absolute_url("etcd://h:1", cwd), "etcd://h:1");
+    }
+}

@@ -1,0 +1,245 @@
+//! A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
+//! each returning a typed mirror of the wire object (unknown fields refused,
+//! so a field added or renamed on the wire fails the tests that read it).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{Cmd, Out};
+
+/// The `holder` object (SPEC §4).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Holder {
+    pub skill: String,
+    pub repo: String,
+    pub started: String,
+    pub expires: String,
+    pub renewed: Option<String>,
+    pub ttl: u64,
+    pub note: Option<String>,
+    pub host: String,
+    pub owner_pid: Option<u32>,
+    pub fence: u64,
+    pub boot_id: Option<String>,
+    pub owner_start: Option<u64>,
+    pub deadline_boot_ms: Option<u64>,
+    pub format: u32,
+}
+
+/// A `took_over` object.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TookOver {
+    pub reason: String,
+    pub holder: Option<Holder>,
+}
+
+/// Every wire object this harness reads, tagged by `result` (the command
+/// decides between the shapes that share a name, e.g. `not_owner`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    Acquired {
+        skill: String,
+        repo: String,
+        lock: String,
+        token: String,
+        started: String,
+        expires: String,
+        ttl: u64,
+        note: Option<String>,
+        owner_pid: Option<u32>,
+        fence: u64,
+        took_over: Option<TookOver>,
+    },
+    AlreadyRunning {
+        skill: String,
+        repo: String,
+        lock: String,
+        holder: Holder,
+        expires_in: u64,
+        hint: String,
+    },
+    Renewed {
+        skill: String,
+        repo: String,
+        lock: String,
+        expires: String,
+        renewed: String,
+        ttl: u64,
+        fence: u64,
+        was_expired: bool,
+        expires_in: u64,
+    },
+    Released {
+        skill: String,
+        repo: String,
+        lock: String,
+        forced: bool,
+        holder: Option<Holder>,
+    },
+    Refused {
+        skill: String,
+        repo: String,
+        lock: String,
+        holder: Option<Holder>,
+    },
+    Held {
+        skill: String,
+        repo: String,
+        lock: String,
+        expires: String,
+        fence: u64,
+        expires_in: u64,
+    },
+    NotOwner {
+        skill: String,
+        repo: String,
+        lock: String,
+        holder: Option<Holder>,
+        #[serde(default)]
+        expires_in: Option<u64>,
+    },
+    NotHeld {
+        skill: String,
+        repo: String,
+        lock: String,
+        #[serde(default)]
+        stale_reason: Option<String>,
+    },
+    Expired {
+        skill: String,
+        repo: String,
+        lock: String,
+        expires: String,
+        fence: u64,
+        stale_reason: String,
+    },
+    Error {
+        error: String,
+        message: String,
+        #[serde(default)]
+        skill: Option<String>,
+        #[serde(default)]
+        repo: Option<String>,
+    },
+}
+
+impl Reply {
+    /// The token of an `acquired` reply.
+    #[track_caller]
+    pub fn token(&self) -> &str {
+        match self {
+            Self::Acquired { token, .. } => token,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    /// The fence of a reply that carries one.
+    pub fn fence(&self) -> Option<u64> {
+        match self {
+            Self::Acquired { fence, .. }
+            | Self::Renewed { fence, .. }
+            | Self::Held { fence, .. }
+            | Self::Expired { fence, .. } => Some(*fence),
+            _ => None,
+        }
+    }
+}
+
+/// One lock, reached from one directory: the verbs of SPEC §2.
+pub struct Lock {
+    cwd: PathBuf,
+    skill: String,
+    repo: String,
+    global: Vec<String>,
+}
+
+impl Lock {
+    /// The lock (`skill`, `repo`) seen from `cwd`.
+    pub fn new(cwd: &Path, skill: &str, repo: &str) -> Self {
+        Self {
+            cwd: cwd.to_path_buf(),
+            skill: skill.to_owned(),
+            repo: repo.to_owned(),
+            global: Vec::new(),
+        }
+    }
+
+    /// The same lock in the store `url` (`--store`).
+    pub fn in_store(mut self, url: &str) -> Self {
+        self.global = vec!["--store".into(), url.into()];
+        self
+    }
+
+    /// The command `verb` on this lock, with `extra` arguments.
+    pub fn cmd(&self, verb: &str, extra: &[&str]) -> Cmd {
+        Cmd::new(&self.cwd)
+            .args([verb, self.skill.as_str(), "--repo", self.repo.as_str()])
+            .args(extra)
+            .args(&self.global)
+    }
+
+    /// Runs `verb` and reads its reply, checking that the exit status is
+    /// the one its result means.
+    #[track_caller]
+    pub fn call(&self, verb: &str, extra: &[&str]) -> Reply {
+        let out = self.cmd(verb, extra).run();
+        reply(&out)
+    }
+
+    #[track_caller]
+    pub fn acquire(&self) -> Reply {
+        self.call("acquire", &[])
+    }
+
+    #[track_caller]
+    pub fn acquire_with(&self, extra: &[&str]) -> Reply {
+        self.call("acquire", extra)
+    }
+
+    #[track_caller]
+    pub fn check(&self, token: &str) -> Reply {
+        self.call("check", &["--token", token])
+    }
+
+    #[track_caller]
+    pub fn renew(&self, token: &str) -> Reply {
+        self.call("renew", &["--token", token])
+    }
+
+    #[track_caller]
+    pub fn release(&self, token: &str) -> Reply {
+        self.call("release", &["--token", token])
+    }
+
+    #[track_caller]
+    pub fn force_release(&self) -> Reply {
+        self.call("release", &["--force"])
+    }
+}
+
+/// The typed reply of one invocation; its exit status must match its result.
+#[track_caller]
+pub fn reply(out: &Out) -> Reply {
+    let r: Reply = serde_json::from_str(out.stdout.trim_end()).unwrap_or_else(|e| {
+        panic!(
+            "not a known reply ({e}):\nstdout: {}\nstderr: {}",
+            out.stdout, out.stderr
+        )
+    });
+    let want = match &r {
+        Reply::Acquired { .. }
+        | Reply::Renewed { .. }
+        | Reply::Released { .. }
+        | Reply::Held { .. } => 0,
+        Reply::NotHeld { .. } => out.code, // 0 for release, 4 for renew/check
+        Reply::AlreadyRunning { .. } => 3,
+        Reply::Refused { .. } | Reply::NotOwner { .. } | Reply::Expired { .. } => 4,
+        Reply::Error { .. } => 2,
+    };
+    assert_eq!(out.code, want, "exit status of {r:?}");
+    r
+}
