@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -89,6 +89,7 @@ impl TakeArgs {
             ttl: ttl_of(&self.ttl)?,
             note: self.note.as_ref().map(config::validate_note).transpose()?,
             owner_pid,
+            owner_pgid: None,
         };
         Ok((key, req, self.wait.as_ref().map(wait_of).transpose()?))
     }
@@ -265,49 +266,6 @@ fn with(result: &'static str, exit: u8, base: Report) -> Report {
     }
 }
 
-/// Sleeps between attempts of `--wait`: doubling from 10 ms to 250 ms, each
-/// drawn at random from its upper half, and never past the moment the holder's lease runs out.
-fn backoff(attempt: u32, lease_left_ms: Option<i64>, deadline: Instant) -> Duration {
-    let base = 10u64.saturating_mul(1 << attempt.min(5)).min(250);
-    let mut r = [0u8; 2];
-    let jitter = if getrandom::fill(&mut r).is_ok() {
-        u64::from(u16::from_le_bytes(r)) % (base / 2 + 1)
-    } else {
-        base / 4
-    };
-    let mut ms = base / 2 + jitter;
-    if let Some(left) = lease_left_ms {
-        ms = ms.min(u64::try_from(left.max(0)).unwrap_or(0) + 1);
-    }
-    let until_deadline = deadline.saturating_duration_since(Instant::now());
-    Duration::from_millis(ms).min(until_deadline)
-}
-
-/// Acquires, retrying until `wait` has passed (SPEC §2.1 `--wait`).
-fn acquire_waiting(
-    store: &impl Store,
-    key: &LockKey,
-    req: &AcquireRequest,
-    wait: Option<Duration>,
-) -> Result<Acquire> {
-    let start = Instant::now();
-    let deadline = start + wait.unwrap_or_default();
-    let mut attempt = 0;
-    loop {
-        let ctx = Context::here();
-        let outcome = engine::acquire(store, key, req, &ctx)?;
-        let Acquire::AlreadyRunning { holder, .. } = &outcome else {
-            return Ok(outcome);
-        };
-        if Instant::now() >= deadline {
-            return Ok(outcome);
-        }
-        let left = lease::remaining_ms(holder, &ctx.now);
-        std::thread::sleep(backoff(attempt, Some(left), deadline));
-        attempt += 1;
-    }
-}
-
 fn acquire_report(outcome: Acquire, key: &LockKey, choice: &StoreChoice) -> Report {
     let base = about(key, &choice.store);
     match outcome {
@@ -353,29 +311,38 @@ fn execute(cli: Cli, cwd: &Path) -> Result<Report> {
             let (key, req, wait) = a.take.validate(pid)?;
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
             Ok(acquire_report(
-                acquire_waiting(&choice.store, &key, &req, wait)?,
+                crate::wait::acquire_waiting(&choice.store, &key, &req, wait)?,
                 &key,
                 &choice,
             ))
         }
         Command::Run(a) => {
             let (key, req, wait) = a.take.validate(Some(std::process::id()))?;
-            let ttl = req.ttl;
             let choice = config::choose_store(cli.store.as_ref(), cli.root.as_deref(), cwd)?;
             let store = &choice.store;
-            let outcome = acquire_waiting(store, &key, &req, wait)?;
-            let Acquire::Acquired { token, holder, .. } = &outcome else {
-                return Ok(acquire_report(outcome, &key, &choice));
-            };
-            let ran = crate::run::supervise(store, &key, token, holder.fence, ttl, &a.cmd)?;
-            Ok(Report {
-                fence: Some(holder.fence),
-                exit_status: Some(ran.exit_status),
-                signal: Some(ran.signal),
-                lost: Some(ran.lost),
-                renewals: Some(ran.renewals),
-                released: Some(ran.released),
-                ..with("ran", ran.exit_status, about(&key, store))
+            Ok(match crate::run::execute(store, &key, req, wait, &a.cmd)? {
+                crate::run::Outcome::NotAcquired(outcome) => acquire_report(outcome, &key, &choice),
+                crate::run::Outcome::Interrupted(sig) => Report {
+                    signal: Some(Some(sig)),
+                    message: Some(format!(
+                        "{} arrived before the command started: nothing was run, and the lock is not held",
+                        crate::signals::name(sig)
+                    )),
+                    ..with(
+                        "interrupted",
+                        128u8.saturating_add(u8::try_from(sig).unwrap_or(0)),
+                        about(&key, store),
+                    )
+                },
+                crate::run::Outcome::Ran { fence, ran } => Report {
+                    fence: Some(fence),
+                    exit_status: Some(ran.exit_status),
+                    signal: Some(ran.signal),
+                    lost: Some(ran.lost),
+                    renewals: Some(ran.renewals),
+                    released: Some(ran.released),
+                    ..with("ran", ran.exit_status, about(&key, store))
+                },
             })
         }
         Command::Renew(a) => {
@@ -663,16 +630,6 @@ mod tests {
     fn quoting_and_backoff() {
         assert_eq!(shell_quote("apache/airflow"), "apache/airflow");
         assert_eq!(shell_quote("/a b/c'd"), r"'/a b/c'\''d'");
-        let far = Instant::now() + Duration::from_secs(60);
-        for attempt in 0..20 {
-            let d = backoff(attempt, None, far);
-            assert!(
-                d >= Duration::from_millis(5) && d <= Duration::from_millis(250),
-                "{d:?}"
-            );
-        }
-        assert!(backoff(9, Some(3), far) <= Duration::from_millis(4));
-        assert_eq!(backoff(9, None, Instant::now()), Duration::ZERO);
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct AcquireRequest {
     pub note: Option<String>,
     /// Process whose death makes the lock stale.
     pub owner_pid: Option<u32>,
+    /// `run`'s process group: the lock is held while any member lives
+    /// (SPEC §2.7); its leader must be alive when acquiring.
+    pub owner_pgid: Option<u32>,
 }
 
 /// A stale lock that an acquire replaced.
@@ -237,6 +240,7 @@ pub fn acquire<S: Store>(
     let token = new_token()?;
     let token_sha256 = hash_token(&token);
     let owner_start = req.owner_pid.and_then(liveness::process_start);
+    let group_start = req.owner_pgid.and_then(liveness::process_start);
     let committed = store.update(key, &mut |current| {
         // The clock is read here, inside the critical section: time spent
         // waiting for the guard neither shortens the lease nor hides an expiry.
@@ -257,6 +261,8 @@ pub fn acquire<S: Store>(
                 boot_id: ctx.now.boot.as_ref().map(|b| b.id.clone()),
                 owner_start,
                 deadline_boot_ms: term.deadline_boot_ms,
+                owner_pgid: req.owner_pgid,
+                group_start,
                 format: FORMAT,
             },
             token_sha256: token_sha256.clone(),

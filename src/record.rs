@@ -95,6 +95,16 @@ pub struct Holder {
     pub owner_start: Option<u64>,
     /// Expiry on the acquirer's boot-time clock (ms), immune to wall-clock steps.
     pub deadline_boot_ms: Option<u64>,
+    /// `run`'s process group (SPEC §2.7): while any process of it lives on
+    /// this machine, boot and pid namespace, the lock is held. Absent in
+    /// older records and in locks not taken by `run`.
+    #[serde(default)]
+    pub owner_pgid: Option<u32>,
+    /// Start time of the group's first leader (same units as
+    /// `owner_start`), so a group id reused after the group ended is told
+    /// from the group itself.
+    #[serde(default)]
+    pub group_start: Option<u64>,
     /// Record layout version.
     pub format: u32,
 }
@@ -218,6 +228,8 @@ pub(crate) mod tests {
                 boot_id: Some("b".into()),
                 owner_start: Some(99),
                 deadline_boot_ms: Some(5),
+                owner_pgid: None,
+                group_start: None,
                 format: FORMAT,
             },
             token_sha256: hash_token("t"),

@@ -101,6 +101,52 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
     }
 }
 
+/// Is any process of group `pgid` alive on this host? (`None`: cannot tell.)
+///
+/// `leader_start` is the recorded start time of the group's first leader
+/// (whose pid is the group id): a live process with that pid but another
+/// start time proves the group ended and its id was reused, since a group id
+/// is never handed out as a pid while any member of that group lives. A
+/// group whose members are all zombies writes nothing more: it is gone.
+#[must_use]
+pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
+    let raw = match libc::pid_t::try_from(pgid) {
+        Ok(raw) if raw > 1 => raw,
+        _ => return Some(false),
+    };
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    if unsafe { libc::kill(-raw, 0) } != 0 {
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => return Some(false),
+            Some(libc::EPERM) => {}
+            _ => return None,
+        }
+    }
+    if let (Some(recorded), Some(current)) = (leader_start, process_start(pgid))
+        && recorded != current
+    {
+        return Some(false);
+    }
+    Some(os::group_has_running_member(pgid).unwrap_or(true))
+}
+
+/// The verdict on a `run` lock's process group, where the record names one
+/// and was written on this host and boot: `Some(true)` while any member
+/// lives (held, even past `expires`: those members may still write),
+/// `Some(false)` once none does. `None`: not a group lock, or not certain.
+#[must_use]
+pub fn group_verdict(holder: &Holder, host: &str, now: &Now) -> Option<bool> {
+    let pgid = holder.owner_pgid?;
+    let same_boot = matches!(
+        (holder.boot_id.as_deref(), now.boot.as_ref()),
+        (Some(theirs), Some(ours)) if theirs == ours.id
+    );
+    if holder.host != host || !(same_boot || now.boot.is_none()) {
+        return None;
+    }
+    group_alive(pgid, holder.group_start)
+}
+
 /// Is the owner pid named by `holder` known to be dead?
 #[must_use]
 pub fn owner_dead(holder: &Holder, host: &str, now: &Now) -> bool {
@@ -128,6 +174,12 @@ pub fn owner_dead(holder: &Holder, host: &str, now: &Now) -> bool {
 /// The verdict on a readable record.
 #[must_use]
 pub fn judge(holder: &Holder, host: &str, now: &Now) -> Option<StaleReason> {
+    // `run`'s lock: held while any process of its group lives, past
+    // `expires` too; once none does, its wrapper (`owner_pid`) and its lease
+    // decide as for any lock (the wrapper releases after its group is gone).
+    if group_verdict(holder, host, now) == Some(true) {
+        return None;
+    }
     if remaining_ms(holder, now) <= 0 {
         Some(StaleReason::Expired)
     } else if owner_dead(holder, host, now) {
