@@ -284,13 +284,16 @@ impl Keeper {
         let (reader, writer) = std::io::pipe()
             .map_err(|e| Error::Internal(format!("cannot make a pipe for run: {e}")))?;
         let (rfd, wfd) = (reader.as_raw_fd(), writer.as_raw_fd());
-        let grace_us = libc::useconds_t::try_from(grace.as_micros()).unwrap_or(1_000_000);
+        let grace = libc::timespec {
+            tv_sec: libc::time_t::try_from(grace.as_secs()).unwrap_or(10),
+            tv_nsec: libc::c_long::from(grace.subsec_nanos()),
+        };
         // SAFETY: the child calls only async-signal-safe functions (setpgid,
-        // close, read, kill, usleep, _exit) and never returns from this block.
+        // close, read, kill, nanosleep, _exit) and never returns from this block.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: see above.
-            unsafe { keeper_child(rfd, wfd, grace_us) }
+            unsafe { keeper_child(rfd, wfd, grace) }
         }
         if pid < 0 {
             return Err(Error::Internal(format!(
@@ -336,11 +339,15 @@ impl Drop for Keeper {
 ///
 /// # Safety
 /// Only in the child of `fork`, with `rfd`/`wfd` the two ends of its pipe.
-unsafe fn keeper_child(rfd: libc::c_int, wfd: libc::c_int, grace_us: libc::useconds_t) -> ! {
+unsafe fn keeper_child(rfd: libc::c_int, wfd: libc::c_int, grace: libc::timespec) -> ! {
     // SAFETY: async-signal-safe calls on valid descriptors.
     unsafe {
         libc::setpgid(0, 0);
         libc::close(wfd);
+        // Hold no one's terminal or pipe open: the keeper writes nothing.
+        for fd in 0..3 {
+            libc::close(fd);
+        }
         let mut byte = 0u8;
         let n = loop {
             let n = libc::read(rfd, (&raw mut byte).cast(), 1);
@@ -351,7 +358,9 @@ unsafe fn keeper_child(rfd: libc::c_int, wfd: libc::c_int, grace_us: libc::useco
         if n <= 0 {
             // The wrapper is gone: nothing renews the lease any more.
             libc::kill(0, libc::SIGTERM);
-            libc::usleep(grace_us);
+            libc::kill(0, libc::SIGCONT);
+            let mut left = grace;
+            while libc::nanosleep(&raw const left, &raw mut left) != 0 && *errno() == libc::EINTR {}
             libc::kill(0, libc::SIGKILL);
         }
         libc::_exit(0)
@@ -400,6 +409,8 @@ impl Group {
             return None;
         }
         signals::send_group(self.0, libc::SIGTERM);
+        // A stopped member acts on SIGTERM only once continued.
+        signals::send_group(self.0, libc::SIGCONT);
         if self.gone_within(grace) {
             return Some(libc::SIGTERM);
         }
@@ -411,6 +422,40 @@ impl Group {
             );
         }
         Some(libc::SIGKILL)
+    }
+}
+
+/// The terminal lent to CMD's group while it runs: when `run` is in the
+/// foreground of the terminal on its stdin, CMD's group is made the
+/// foreground instead (as a shell does for a job), so CMD can read the
+/// terminal and Ctrl-C reaches the group directly. Given back on drop.
+struct Terminal(libc::pid_t);
+
+impl Terminal {
+    fn lend_to(pgid: u32) -> Option<Self> {
+        let pgid = libc::pid_t::try_from(pgid).ok()?;
+        // SAFETY: plain calls on fd 0, which may or may not be a terminal.
+        unsafe {
+            let ours = libc::getpgrp();
+            let foreground = libc::isatty(0) == 1 && libc::tcgetpgrp(0) == ours;
+            (foreground && libc::tcsetpgrp(0, pgid) == 0).then_some(Self(ours))
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        // SAFETY: a valid signal set; tcsetpgrp from a background group is
+        // allowed without SIGTTOU while that signal is blocked.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut set);
+            libc::sigaddset(&raw mut set, libc::SIGTTOU);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old);
+            libc::tcsetpgrp(0, self.0);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
+        }
     }
 }
 
@@ -527,6 +572,7 @@ fn supervise<S: Store + Clone + Send + 'static>(
             return Err(e);
         }
     };
+    let terminal = Terminal::lend_to(group.0);
     let (tx, rx) = mpsc::channel();
     signals.forward(tx.clone(), Event::Signal);
     let exited = tx.clone();
@@ -553,6 +599,7 @@ fn supervise<S: Store + Clone + Send + 'static>(
             (wait_exit(&rx), true, sig.or(Some(libc::SIGTERM)))
         }
     };
+    drop(terminal);
     let released = matches!(
         engine::release(store, lease.key, Some(&lease.token), false, &ctx()),
         Ok(engine::Release::Released { .. })

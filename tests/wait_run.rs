@@ -1044,3 +1044,40 @@ fn run_of_a_missing_command_is_a_usage_error_and_releases() {
     assert_eq!(v["error"], "usage", "{v}");
     assert_free(&env, &repo);
 }
+
+#[test]
+fn cmd_can_read_the_terminal_run_was_started_from() {
+    let Ok(script) = which("script") else {
+        eprintln!("SKIPPED: no script(1) to give run a terminal");
+        return;
+    };
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let line = format!("{BIN} run {SKILL} --repo {REPO} -- sh -c 'read x; echo got $x'");
+    let mut child = Command::new(script)
+        .args(["-qec", &line, "/dev/null"])
+        .current_dir(&repo)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    thread::sleep(Duration::from_millis(1000));
+    stdin.write_all(b"hello\n").unwrap();
+    let out = finish(child, Duration::from_secs(20));
+    drop(stdin);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("got hello"),
+        "CMD could not read its terminal: {text}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::split_paths(&std::env::var_os("PATH").ok_or(())?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
