@@ -427,35 +427,41 @@ impl Group {
 
 /// The terminal lent to CMD's group while it runs: when `run` is in the
 /// foreground of the terminal on its stdin, CMD's group is made the
-/// foreground instead (as a shell does for a job), so CMD can read the
-/// terminal and Ctrl-C reaches the group directly. Given back on drop.
+/// foreground instead (as a shell does for a job, in the child before exec
+/// so CMD never reads from the background), so CMD can read the terminal
+/// and Ctrl-C reaches the group directly. Given back on drop.
 struct Terminal(libc::pid_t);
 
 impl Terminal {
-    fn lend_to(pgid: u32) -> Option<Self> {
-        let pgid = libc::pid_t::try_from(pgid).ok()?;
+    /// Our group, when it is the foreground of the terminal on stdin.
+    fn ours_in_foreground() -> Option<Self> {
         // SAFETY: plain calls on fd 0, which may or may not be a terminal.
         unsafe {
             let ours = libc::getpgrp();
-            let foreground = libc::isatty(0) == 1 && libc::tcgetpgrp(0) == ours;
-            (foreground && libc::tcsetpgrp(0, pgid) == 0).then_some(Self(ours))
+            (libc::isatty(0) == 1 && libc::tcgetpgrp(0) == ours).then_some(Self(ours))
         }
+    }
+}
+
+/// Makes `pgid` the foreground of the terminal on fd 0 with SIGTTOU
+/// blocked meanwhile (a background group may then do it); async-signal-safe.
+fn set_foreground(pgid: libc::pid_t) {
+    // SAFETY: a valid signal set; sigemptyset, sigaddset, pthread_sigmask
+    // and tcsetpgrp are async-signal-safe.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&raw mut set);
+        libc::sigaddset(&raw mut set, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old);
+        libc::tcsetpgrp(0, pgid);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
     }
 }
 
 impl Drop for Terminal {
     fn drop(&mut self) {
-        // SAFETY: a valid signal set; tcsetpgrp from a background group is
-        // allowed without SIGTTOU while that signal is blocked.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&raw mut set);
-            libc::sigaddset(&raw mut set, libc::SIGTTOU);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old);
-            libc::tcsetpgrp(0, self.0);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
-        }
+        set_foreground(self.0);
     }
 }
 
@@ -528,7 +534,15 @@ fn began_on_lease_clock(at: std::time::Instant) -> Duration {
     lease_clock().saturating_sub(at.elapsed())
 }
 
-fn spawn(program: &Path, cmd: &[OsString], lease: &Lease, pgid: u32) -> Result<Child> {
+fn spawn(
+    program: &Path,
+    cmd: &[OsString],
+    lease: &Lease,
+    pgid: u32,
+    terminal: Option<&Terminal>,
+) -> Result<Child> {
+    let pgid = libc::pid_t::try_from(pgid).unwrap_or(0);
+    let lend = terminal.is_some();
     let mut command = Command::new(program);
     if let Some(arg0) = cmd.first() {
         command.arg0(arg0);
@@ -537,10 +551,13 @@ fn spawn(program: &Path, cmd: &[OsString], lease: &Lease, pgid: u32) -> Result<C
         .args(cmd.iter().skip(1))
         .env("SKILL_LOCK_TOKEN", &lease.token)
         .env("SKILL_LOCK_FENCE", lease.fence.to_string())
-        .process_group(i32::try_from(pgid).unwrap_or(0));
+        .process_group(pgid);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
+            if lend {
+                set_foreground(pgid);
+            }
             signals::unblock_in_child();
             Ok(())
         });
@@ -564,7 +581,8 @@ fn supervise<S: Store + Clone + Send + 'static>(
 ) -> Result<Ran> {
     let ctx = Context::here;
     let group = Group(keeper.pgid());
-    let mut child = match spawn(program, cmd, lease, group.0) {
+    let terminal = Terminal::ours_in_foreground();
+    let mut child = match spawn(program, cmd, lease, group.0, terminal.as_ref()) {
         Ok(child) => child,
         Err(e) => {
             keeper.quit();
@@ -572,7 +590,6 @@ fn supervise<S: Store + Clone + Send + 'static>(
             return Err(e);
         }
     };
-    let terminal = Terminal::lend_to(group.0);
     let (tx, rx) = mpsc::channel();
     signals.forward(tx.clone(), Event::Signal);
     let exited = tx.clone();

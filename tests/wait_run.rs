@@ -759,7 +759,11 @@ fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
         let s = status(&env, &repo);
         (s["state"] == "stale").then_some(s)
     });
-    assert_eq!(s["stale_reason"], "owner_dead", "{s}");
+    // Its lease ran out long ago, and its owners are gone: either reason.
+    assert!(
+        matches!(s["stale_reason"].as_str(), Some("owner_dead" | "expired")),
+        "{s}"
+    );
     let v = acquire(&env, &repo, &["--ttl", "60"]);
     let fence = v.expect(0, "acquired")["fence"].as_u64().unwrap();
     write_as(&witness, fence);
