@@ -518,7 +518,7 @@ pub fn execute<S: Store + Clone + Send + 'static>(
         token,
         fence,
         ttl,
-        began: began_on_lease_clock(began),
+        began,
     };
     if let Some(sig) = signals.next(Duration::ZERO) {
         keeper.quit();
@@ -527,11 +527,6 @@ pub fn execute<S: Store + Clone + Send + 'static>(
     }
     let ran = supervise(store, &lease, &program, cmd, keeper, signals)?;
     Ok(Outcome::Ran { fence, ran })
-}
-
-/// The lease clock's reading at the std `Instant` `at` (earlier, never later).
-fn began_on_lease_clock(at: std::time::Instant) -> Duration {
-    lease_clock().saturating_sub(at.elapsed())
 }
 
 fn spawn(

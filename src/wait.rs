@@ -44,8 +44,9 @@ pub enum Waited {
     Done {
         /// Acquired, or already running when the time was up.
         outcome: Acquire,
-        /// The moment the deciding attempt started.
-        began: Instant,
+        /// The moment the deciding attempt started, on
+        /// [`crate::run::lease_clock`].
+        began: Duration,
     },
     /// A signal came first: nothing was acquired.
     Interrupted(libc::c_int),
@@ -92,7 +93,7 @@ pub fn acquire_interruptible(
         if let Some(sig) = pause(Duration::ZERO) {
             return Ok(Waited::Interrupted(sig));
         }
-        let began = Instant::now();
+        let began = crate::run::lease_clock();
         let ctx = Context::here();
         let outcome = engine::acquire(store, key, req, &ctx)?;
         let Acquire::AlreadyRunning { holder, .. } = &outcome else {
