@@ -20,9 +20,12 @@
 //!    the confirmed end, and `run` exits 128+signal with `"lost": true`.
 //! 5. When CMD ends, processes it left in the group are stopped the same way
 //!    before the lock is released: nothing of the group outlives the lock.
-//! 6. If this wrapper is SIGKILLed, the keeper sees its pipe close and stops
-//!    the group (SIGTERM, grace, SIGKILL). Until the group is gone the lock
-//!    stays held on this machine, so no second writer starts meanwhile.
+//! 6. Once CMD is in the group the keeper is moved out of it (the group is
+//!    then exactly CMD's processes) but stays armed until the lock is
+//!    released: if this wrapper is SIGKILLed at any point, the keeper sees
+//!    its pipe close and stops the group (SIGTERM, grace, SIGKILL). Until the
+//!    group is gone the lock stays held on this machine, so no second writer
+//!    starts meanwhile.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -265,10 +268,13 @@ impl Renewer {
     }
 }
 
-/// The first leader of `run`'s process group: forked before the lock is
-/// taken, it waits on a pipe. A byte on the pipe lets it exit quietly; the
-/// pipe closing without one (the wrapper died) makes it stop the whole
-/// group: SIGTERM, the grace, then SIGKILL (itself included).
+/// The first leader of `run`'s process group and the group's dead man's
+/// switch: forked before the lock is taken, it waits on a pipe. Once CMD
+/// has joined the group, the wrapper moves it back to its own group (so the
+/// group is exactly CMD and what CMD starts, and its id stays reserved by
+/// the keeper's pid); a byte on the pipe lets it exit quietly. The pipe
+/// closing without one (the wrapper died, however) makes it stop the group:
+/// SIGTERM and SIGCONT, the grace, then SIGKILL.
 #[derive(Debug)]
 pub struct Keeper {
     pid: libc::pid_t,
@@ -289,7 +295,7 @@ impl Keeper {
             tv_nsec: libc::c_long::from(grace.subsec_nanos()),
         };
         // SAFETY: the child calls only async-signal-safe functions (setpgid,
-        // close, read, kill, nanosleep, _exit) and never returns from this block.
+        // getpid, close, read, kill, nanosleep, _exit) and never returns.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: see above.
@@ -315,6 +321,13 @@ impl Keeper {
     #[must_use]
     pub fn pgid(&self) -> u32 {
         u32::try_from(self.pid).unwrap_or(0)
+    }
+
+    /// Takes the keeper out of the group, which CMD has joined, into the
+    /// wrapper's own (a parent may move a child that has not exec'd).
+    pub fn leave(&self) {
+        // SAFETY: plain setpgid/getpgrp on our own child.
+        unsafe { libc::setpgid(self.pid, libc::getpgrp()) };
     }
 
     /// Lets the keeper exit quietly and reaps it.
@@ -343,6 +356,7 @@ unsafe fn keeper_child(rfd: libc::c_int, wfd: libc::c_int, grace: libc::timespec
     // SAFETY: async-signal-safe calls on valid descriptors.
     unsafe {
         libc::setpgid(0, 0);
+        let group = libc::getpid();
         libc::close(wfd);
         // Hold no one's terminal or pipe open: the keeper writes nothing.
         for fd in 0..3 {
@@ -355,14 +369,15 @@ unsafe fn keeper_child(rfd: libc::c_int, wfd: libc::c_int, grace: libc::timespec
                 break n;
             }
         };
-        if n <= 0 {
-            // The wrapper is gone: nothing renews the lease any more.
-            libc::kill(0, libc::SIGTERM);
-            libc::kill(0, libc::SIGCONT);
-            let mut left = grace;
-            while libc::nanosleep(&raw const left, &raw mut left) != 0 && *errno() == libc::EINTR {}
-            libc::kill(0, libc::SIGKILL);
+        if n == 1 {
+            libc::_exit(0);
         }
+        // The wrapper is gone: nothing renews the lease any more.
+        libc::kill(-group, libc::SIGTERM);
+        libc::kill(-group, libc::SIGCONT);
+        let mut left = grace;
+        while libc::nanosleep(&raw const left, &raw mut left) != 0 && *errno() == libc::EINTR {}
+        libc::kill(-group, libc::SIGKILL);
         libc::_exit(0)
     }
 }
@@ -585,6 +600,7 @@ fn supervise<S: Store + Clone + Send + 'static>(
             return Err(e);
         }
     };
+    keeper.leave();
     let (tx, rx) = mpsc::channel();
     signals.forward(tx.clone(), Event::Signal);
     let exited = tx.clone();
@@ -595,7 +611,8 @@ fn supervise<S: Store + Clone + Send + 'static>(
     let mut renewer = Renewer::new(lease.ttl, lease.began);
     let (end, renewals) = watch(&rx, &renew, &mut renewer, group);
     drop(renew);
-    keeper.quit();
+    // The keeper stays armed until the group is gone and the lock released:
+    // were this wrapper killed meanwhile, it would still stop the group.
     let grace = renewer.margins().grace;
     let (status, lost, stopped_with) = match end {
         End::Exited(status) => {
@@ -616,6 +633,7 @@ fn supervise<S: Store + Clone + Send + 'static>(
         engine::release(store, lease.key, Some(&lease.token), false, &ctx()),
         Ok(engine::Release::Released { .. })
     );
+    keeper.quit();
     let status = status
         .transpose()
         .map_err(|e| Error::Internal(format!("waiting for the command failed: {e}")))?;

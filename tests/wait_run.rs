@@ -1085,3 +1085,64 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
         .find(|p| p.is_file())
         .ok_or(())
 }
+
+#[test]
+fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let (witness, pidfile) = (env.path("W"), env.path("P"));
+    // The leftover ignores SIGTERM, so run's stop waits a grace (1 s for
+    // ttl 8) before its SIGKILL: the wrapper is SIGKILLed in that window.
+    let script = r#"(trap '' TERM; while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done) & echo $! > "$2"; exit 0"#;
+    let mut child = spawn(
+        &env,
+        &repo,
+        &[
+            "run",
+            SKILL,
+            "--repo",
+            REPO,
+            "--ttl",
+            "8",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            witness.to_str().unwrap(),
+            pidfile.to_str().unwrap(),
+        ],
+    );
+    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
+    let _cleanup = KillOnDrop(writer);
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let said = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("run says it stops leftovers");
+    assert!(said.contains("left running"), "{said}");
+    signal(pid_of(&child), libc::SIGKILL);
+    child.wait().unwrap();
+    let killed = Instant::now();
+    until(Duration::from_secs(8), "the leftover stopped", || {
+        gone(writer).then_some(())
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
+    let v = acquire(&env, &repo, &["--wait", "5", "--ttl", "60"]);
+    let fence = v.expect(0, "acquired")["fence"].as_u64().unwrap();
+    write_as(&witness, fence);
+    assert_no_older_write_after(&witness, fence);
+}
