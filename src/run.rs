@@ -157,8 +157,9 @@ fn executable(path: &Path) -> bool {
 
 /// How long before the confirmed lease end `run` starts stopping the
 /// group, and the grace between its SIGTERM and SIGKILL: a quarter of the
-/// ttl, at most 10 s; the grace is half of it, so the SIGKILL lands at
-/// least a quarter of the margin (>= 62 ms for ttl 1) before the end.
+/// ttl, at most 10 s; the grace is half of it, so the SIGKILL is sent half
+/// the margin before the end (125 ms for ttl 1, 5 s from ttl 40 up), which
+/// leaves that long for it to land and for the wrapper to see the group gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Margins {
     /// Stop this long before the confirmed end.
