@@ -609,7 +609,7 @@ fn sigkill_of_run_stops_its_group_and_the_lock_is_stale_only_then() {
     .spawn()
     .unwrap();
     let cmd_pid: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop(cmd_pid);
+    let _cleanup = KillOnDrop::new(cmd_pid);
     until_held(&env, &repo);
     signal(pid_of(&child), libc::SIGKILL);
     child.wait().unwrap();
@@ -628,13 +628,32 @@ fn sigkill_of_run_stops_its_group_and_the_lock_is_stale_only_then() {
     assert_eq!(v["took_over"]["holder"]["owner_pid"], child.id(), "{v}");
 }
 
-/// SIGKILLs `pid` (a process a test left behind) when dropped.
-struct KillOnDrop(i32);
+/// SIGKILLs `pid` (a process a failing test would leave behind) when
+/// dropped, if it is still that process: pids are reused (this VM's
+/// `pid_max` is 32768), and a stale kill could hit another test's process.
+struct KillOnDrop(i32, Option<u64>);
+
+impl KillOnDrop {
+    fn new(pid: i32) -> Self {
+        Self(pid, start_time(pid))
+    }
+}
+
+/// Field 22 of `/proc/<pid>/stat` (Linux): when the process started.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        if self.0 > 1 {
-            // SAFETY: kill(2) on a process this test made.
+        let same = match self.1 {
+            Some(t) => start_time(self.0) == Some(t),
+            None => thread::panicking(),
+        };
+        if self.0 > 1 && same && !gone(self.0) {
+            // SAFETY: kill(2) on a process this test made, checked above.
             unsafe { libc::kill(self.0, libc::SIGKILL) };
         }
     }
@@ -705,7 +724,7 @@ fn sigkill_of_run_leaves_no_background_writer_beside_the_next_holder() {
         .spawn()
         .unwrap();
     let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop(writer);
+    let _cleanup = KillOnDrop::new(writer);
     until_file(&witness);
     signal(pid_of(&child), libc::SIGKILL);
     child.wait().unwrap();
@@ -735,7 +754,7 @@ fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
         .spawn()
         .unwrap();
     let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop(writer);
+    let _cleanup = KillOnDrop::new(writer);
     let held = until_held(&env, &repo);
     let pgid = i32::try_from(held["holder"]["owner_pgid"].as_u64().expect("owner_pgid")).unwrap();
     // Nothing of skill-lock is left to stop the group: the wrapper and the
@@ -783,7 +802,7 @@ fn cmd_leaving_a_background_job_has_it_stopped_before_the_release() {
     ));
     let out = finish(spawn(&env, &repo, &args), Duration::from_secs(20));
     let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop(writer);
+    let _cleanup = KillOnDrop::new(writer);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "CMD's own status: {stderr}");
     let v = last_json(&stderr);
@@ -815,7 +834,7 @@ fn a_forced_release_stops_the_whole_group() {
     ));
     let child = spawn(&env, &repo, &args);
     let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop(writer);
+    let _cleanup = KillOnDrop::new(writer);
     until_file(&witness);
     lock(&env, &repo, &["release", SKILL, "--repo", REPO, "--force"]).expect(0, "released");
     let out = finish(child, Duration::from_secs(15));
@@ -1114,7 +1133,7 @@ fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
         ],
     );
     let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop(writer);
+    let _cleanup = KillOnDrop::new(writer);
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
