@@ -45,7 +45,7 @@ const WORKERS: usize = 32;
 /// The longest ttl any operation asks for (acquire or renew).
 const MAX_TTL: u64 = 4;
 /// Seconds of load in the default (short) mode.
-const SHORT_SECS: u64 = 15;
+const SHORT_SECS: u64 = 12;
 
 fn lock_name(i: usize) -> String {
     let (skill, repo) = LOCKS[i];
