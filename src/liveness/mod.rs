@@ -215,6 +215,38 @@ mod tests {
         assert!(!owner_dead(&h, "other-host", &now));
     }
 
+    #[test]
+    fn a_group_is_alive_while_a_member_runs_and_gone_once_none_does() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        let start = process_start(pgid);
+        assert_eq!(group_alive(pgid, start), Some(true));
+        if let Some(s) = start {
+            assert_eq!(group_alive(pgid, Some(s + 1)), Some(false), "reused id");
+        }
+        child.kill().unwrap();
+        // Not reaped yet: its only member is a zombie, which writes nothing.
+        if cfg!(target_os = "linux") {
+            let t = std::time::Instant::now();
+            while group_alive(pgid, start) != Some(false) {
+                assert!(
+                    t.elapsed().as_secs() < 5,
+                    "a zombie-only group counts as alive"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        child.wait().unwrap();
+        assert_eq!(group_alive(pgid, start), Some(false));
+        assert_eq!(group_alive(0, None), Some(false));
+        assert_eq!(group_alive(1, None), Some(false), "never init's group");
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn reused_pid_and_reboot_count_as_dead() {
