@@ -218,6 +218,7 @@ impl TakeArgs {
             ttl: ttl_of(&self.ttl)?,
             note: self.note.as_ref().map(config::validate_note).transpose()?,
             owner_pid,
+            owner_pgid: None,
         };
         Ok((key, req, self.wait.as_ref().map(wait_of).transpose()?))
     }

@@ -3,13 +3,12 @@
 //! [`Report`]. Nothing here parses, prints or reads the environment.
 
 use std::ffi::OsString;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::{Action, Settings};
-use crate::engine::{self, Acquire, AcquireRequest, Clock, Context};
+use crate::engine::{self, AcquireRequest, Context};
 use crate::error::Result;
 use crate::key::LockKey;
-use crate::lease;
 use crate::output::{About, ExitStatus, Report};
 use crate::store::{AnyStore, Store};
 
@@ -66,7 +65,7 @@ fn acquire(
     req: &AcquireRequest,
     wait: Option<Duration>,
 ) -> Result<Report> {
-    let outcome = acquire_waiting(store(settings), key, req, wait, &settings.clock)?;
+    let outcome = crate::wait::acquire_waiting(store(settings), key, req, wait, &settings.clock)?;
     Ok(Report::acquire(outcome, about(settings, key), || {
         crate::hint::release_force(key, settings)
     }))
@@ -80,14 +79,29 @@ fn run(
     cmd: &[OsString],
 ) -> Result<Report> {
     let store = store(settings);
-    let outcome = acquire_waiting(store, key, req, wait, &settings.clock)?;
-    let Acquire::Acquired { token, holder, .. } = &outcome else {
-        return Ok(Report::acquire(outcome, about(settings, key), || {
-            crate::hint::release_force(key, settings)
-        }));
-    };
-    let ran = crate::run::supervise(store, key, token, holder.fence, req.ttl, cmd)?;
-    Ok(Report::ran(about(settings, key), holder.fence, &ran))
+    // Found before the lock is touched: a command that cannot start takes no lock.
+    let program = crate::run::resolve(cmd, settings.env.path.as_deref())?;
+    Ok(
+        match crate::run::execute(
+            store,
+            key,
+            req.clone(),
+            wait,
+            &program,
+            cmd,
+            &settings.clock,
+        )? {
+            crate::run::Outcome::NotAcquired(outcome) => {
+                Report::acquire(outcome, about(settings, key), || {
+                    crate::hint::release_force(key, settings)
+                })
+            }
+            crate::run::Outcome::Interrupted(sig) => Report::interrupted(about(settings, key), sig),
+            crate::run::Outcome::Ran { fence, ran } => {
+                Report::ran(about(settings, key), fence, &ran)
+            }
+        },
+    )
 }
 
 fn renew(
@@ -128,67 +142,4 @@ fn history(settings: &Settings, key: Option<&LockKey>, limit: usize) -> Result<R
         store.describe(),
         store.history(key, limit)?,
     ))
-}
-
-/// Sleeps between attempts of `--wait`: doubling from 10 ms to 250 ms, each
-/// drawn at random from its upper half, and never past the moment the holder's lease runs out.
-fn backoff(attempt: u32, lease_left_ms: Option<i64>, deadline: Instant) -> Duration {
-    let base = 10u64.saturating_mul(1 << attempt.min(5)).min(250);
-    let mut r = [0u8; 2];
-    let jitter = if getrandom::fill(&mut r).is_ok() {
-        u64::from(u16::from_le_bytes(r)) % (base / 2 + 1)
-    } else {
-        base / 4
-    };
-    let mut ms = base / 2 + jitter;
-    if let Some(left) = lease_left_ms {
-        ms = ms.min(u64::try_from(left.max(0)).unwrap_or(0) + 1);
-    }
-    let until_deadline = deadline.saturating_duration_since(Instant::now());
-    Duration::from_millis(ms).min(until_deadline)
-}
-
-/// Acquires, retrying until `wait` has passed (SPEC §2.1 `--wait`).
-fn acquire_waiting(
-    store: &impl Store,
-    key: &LockKey,
-    req: &AcquireRequest,
-    wait: Option<Duration>,
-    clock: &Clock,
-) -> Result<Acquire> {
-    let start = Instant::now();
-    let deadline = start + wait.unwrap_or_default();
-    let mut attempt = 0;
-    loop {
-        let ctx = Context::with_clock(clock.clone());
-        let outcome = engine::acquire(store, key, req, &ctx)?;
-        let Acquire::AlreadyRunning { holder, .. } = &outcome else {
-            return Ok(outcome);
-        };
-        if Instant::now() >= deadline {
-            return Ok(outcome);
-        }
-        let left = lease::remaining_ms(holder, &ctx.now);
-        std::thread::sleep(backoff(attempt, Some(left), deadline));
-        attempt += 1;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_stays_in_bounds() {
-        let far = Instant::now() + Duration::from_secs(60);
-        for attempt in 0..20 {
-            let d = backoff(attempt, None, far);
-            assert!(
-                d >= Duration::from_millis(5) && d <= Duration::from_millis(250),
-                "{d:?}"
-            );
-        }
-        assert!(backoff(9, Some(3), far) <= Duration::from_millis(4));
-        assert_eq!(backoff(9, None, Instant::now()), Duration::ZERO);
-    }
 }

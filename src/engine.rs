@@ -83,6 +83,9 @@ pub struct AcquireRequest {
     pub note: Option<String>,
     /// Process whose death makes the lock stale.
     pub owner_pid: Option<u32>,
+    /// `run`'s process group: the lock is held while any member lives
+    /// (SPEC §2.7); its leader must be alive when acquiring.
+    pub owner_pgid: Option<u32>,
 }
 
 /// A stale lock that an acquire replaced.
@@ -263,6 +266,7 @@ pub fn acquire<S: Store>(
     let token = new_token()?;
     let token_sha256 = hash_token(&token);
     let owner_start = req.owner_pid.and_then(liveness::process_start);
+    let group_start = req.owner_pgid.and_then(liveness::process_start);
     let committed = store.update(key, &mut |current| {
         // The clock is read here, inside the critical section: time spent
         // waiting for the guard neither shortens the lease nor hides an expiry.
@@ -286,6 +290,8 @@ pub fn acquire<S: Store>(
                 machine: Origin::here().machine.clone(),
                 pid_ns: Origin::here().pid_ns,
                 time_ns: ctx.now.boot.as_ref().and_then(|b| b.time_ns),
+                owner_pgid: req.owner_pgid,
+                group_start,
                 format: FORMAT,
             },
             token_sha256: token_sha256.clone(),
@@ -616,6 +622,7 @@ mod tests {
             ttl,
             note: Some("n".into()),
             owner_pid: None,
+            owner_pgid: None,
         }
     }
 

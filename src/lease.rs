@@ -186,6 +186,12 @@ pub fn stale_reason(holder: &Holder, now: &Now) -> Option<StaleReason> {
 /// [`stale_reason`] judged from the given origin (tests pass another one).
 #[must_use]
 pub fn stale_reason_at(holder: &Holder, now: &Now, here: &Origin) -> Option<StaleReason> {
+    // `run`'s lock: held while any process of its group lives, past
+    // `expires` too (those members may still write); once none does, its
+    // wrapper (`owner_pid`) and its lease decide as for any lock.
+    if liveness::group_verdict(holder, here) == Some(true) {
+        return None;
+    }
     if remaining_ms(holder, now) <= 0 {
         Some(StaleReason::Expired)
     } else if liveness::owner_gone(holder, here) {

@@ -24,7 +24,7 @@
 //! let dir = std::env::temp_dir().join(format!("skill-lock-doc-{}", std::process::id()));
 //! let store = FileStore::new(&dir);
 //! let key = LockKey::new("issue-triage", "apache/airflow")?;
-//! let req = AcquireRequest { ttl: 60, note: Some("doc test".into()), owner_pid: None };
+//! let req = AcquireRequest { ttl: 60, note: Some("doc test".into()), owner_pid: None, owner_pgid: None };
 //! let Acquire::Acquired { token, holder, .. } = engine::acquire(&store, &key, &req, &Context::here())? else {
 //!     panic!("a fresh store is free");
 //! };
@@ -55,6 +55,8 @@ pub mod output;
 pub mod record;
 pub mod root;
 pub mod run;
+pub mod signals;
 pub mod store;
+pub mod wait;
 
 pub use cli::run;

@@ -34,6 +34,8 @@ pub enum ExitStatus {
     NotYours,
     /// `run`: the status of CMD (128+signal when a signal ended it).
     Ran(u8),
+    /// `run --wait` ended by a signal before CMD started: 128+signal.
+    Interrupted(u8),
 }
 
 impl ExitStatus {
@@ -45,7 +47,7 @@ impl ExitStatus {
             Self::Error => 2,
             Self::AlreadyRunning => 3,
             Self::NotYours => 4,
-            Self::Ran(status) => status,
+            Self::Ran(status) | Self::Interrupted(status) => status,
         }
     }
 }
@@ -133,6 +135,16 @@ pub struct Ran {
     lost: bool,
     renewals: u64,
     released: bool,
+}
+
+/// `interrupted` (run, on stderr): a signal ended `run --wait` before CMD
+/// started; nothing was acquired and nothing run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Interrupted {
+    #[serde(flatten)]
+    about: About,
+    signal: i32,
+    message: String,
 }
 
 /// `renewed` (renew).
@@ -326,6 +338,8 @@ pub enum Report {
     AlreadyRunning(AlreadyRunning),
     /// run: CMD's exit status.
     Ran(Ran),
+    /// run --wait: 128+signal.
+    Interrupted(Interrupted),
     /// renew: exit 0.
     Renewed(Renewed),
     /// renew: exit 4.
@@ -373,6 +387,9 @@ impl Report {
             | Self::History(_) => ExitStatus::Success,
             Self::AlreadyRunning(_) => ExitStatus::AlreadyRunning,
             Self::Ran(r) => ExitStatus::Ran(r.exit_status),
+            Self::Interrupted(r) => {
+                ExitStatus::Interrupted(128u8.saturating_add(u8::try_from(r.signal).unwrap_or(0)))
+            }
             Self::RenewNotOwner(_)
             | Self::RenewNotHeld(_)
             | Self::Refused(_)
@@ -435,6 +452,19 @@ impl Report {
             lost: ran.lost,
             renewals: ran.renewals,
             released: ran.released,
+        })
+    }
+
+    /// The object of a `run --wait` that a signal ended before CMD started.
+    #[must_use]
+    pub fn interrupted(about: About, signal: i32) -> Self {
+        Self::Interrupted(Interrupted {
+            about,
+            signal,
+            message: format!(
+                "{} arrived before the command started: nothing was run, and the lock is not held",
+                crate::signals::name(signal)
+            ),
         })
     }
 

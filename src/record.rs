@@ -113,6 +113,16 @@ pub struct Holder {
     /// boot-clock deadline is trusted only on the same clock.
     #[serde(default)]
     pub time_ns: Option<u64>,
+    /// `run`'s process group (SPEC §2.7): while any process of it lives on
+    /// this machine, boot and pid namespace, the lock is held. Absent in
+    /// older records and in locks not taken by `run`.
+    #[serde(default)]
+    pub owner_pgid: Option<u32>,
+    /// Start time of the group's first leader (same units as
+    /// `owner_start`), so a group id reused after the group ended is told
+    /// from the group itself.
+    #[serde(default)]
+    pub group_start: Option<u64>,
     /// Record layout version (0: a record of an older version or another tool).
     pub format: u32,
 }
@@ -204,6 +214,8 @@ impl OwnerRecord {
             machine: None,
             pid_ns: None,
             time_ns: None,
+            owner_pgid: None,
+            group_start: None,
             format: number("format")
                 .and_then(|f| u32::try_from(f).ok())
                 .filter(|&f| f != FORMAT)
@@ -309,6 +321,8 @@ pub(crate) mod tests {
                 machine: Some("m".into()),
                 pid_ns: Some(4_026_531_836),
                 time_ns: Some(4_026_531_834),
+                owner_pgid: None,
+                group_start: None,
                 format: FORMAT,
             },
             token_sha256: hash_token("t"),

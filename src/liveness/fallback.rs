@@ -16,3 +16,8 @@ pub(super) fn boot_ms() -> Option<u64> {
 pub(super) fn process_start(_pid: u32) -> Option<u64> {
     None
 }
+
+/// No portable way to list a group's members: `kill(-pgid, 0)` alone decides.
+pub(super) fn group_has_running_member(_pgid: u32) -> Option<bool> {
+    None
+}

@@ -81,3 +81,40 @@ pub(super) fn process_start(pid: u32) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
 }
+
+/// Scans `/proc` for a member of group `pgid` that is not a zombie.
+/// `Some(false)`: members seen, all zombies; `None`: no member visible
+/// (`/proc` mounted with `hidepid`, say), so the caller decides by `kill`.
+pub(super) fn group_has_running_member(pgid: u32) -> Option<bool> {
+    let mut zombies = false;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        if !name
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After the last ')': state, ppid, pgrp, ...
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let (Some(state), Some(_ppid), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if pgrp.parse::<u32>().ok() != Some(pgid) {
+            continue;
+        }
+        if state == "Z" || state == "X" {
+            zombies = true;
+        } else {
+            return Some(true);
+        }
+    }
+    zombies.then_some(false)
+}

@@ -125,6 +125,48 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
     }
 }
 
+/// Is any process of group `pgid` alive on this host? (`None`: cannot tell.)
+///
+/// `leader_start` is the recorded start time of the group's first leader
+/// (whose pid is the group id): a live process with that pid but another
+/// start time proves the group ended and its id was reused, since a group id
+/// is never handed out as a pid while any member of that group lives. A
+/// group whose members are all zombies writes nothing more: it is gone.
+#[must_use]
+pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
+    let raw = match libc::pid_t::try_from(pgid) {
+        Ok(raw) if raw > 1 => raw,
+        _ => return Some(false),
+    };
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    if unsafe { libc::kill(-raw, 0) } != 0 {
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => return Some(false),
+            Some(libc::EPERM) => {}
+            _ => return None,
+        }
+    }
+    if let (Some(recorded), Some(current)) = (leader_start, process_start(pgid))
+        && recorded != current
+    {
+        return Some(false);
+    }
+    Some(os::group_has_running_member(pgid).unwrap_or(true))
+}
+
+/// The verdict on a `run` lock's process group, where the record names one
+/// and was written in this boot and pid namespace (SPEC §6): `Some(true)` while any member
+/// lives (held, even past `expires`: those members may still write),
+/// `Some(false)` once none does. `None`: not a group lock, or not certain.
+#[must_use]
+pub fn group_verdict(holder: &Holder, here: &Origin) -> Option<bool> {
+    let pgid = holder.owner_pgid?;
+    if !pid_comparable(holder, here) {
+        return None;
+    }
+    group_alive(pgid, holder.group_start)
+}
+
 fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
     matches!((a, b), (Some(x), Some(y)) if x == y)
 }
@@ -219,6 +261,38 @@ mod tests {
         (unknown.boot_id, unknown.pid_ns, unknown.machine) = (None, None, None);
         assert!(!owner_gone(&unknown, &here));
         assert!(!owner_gone(&dead, &Origin::default()));
+    }
+
+    #[test]
+    fn a_group_is_alive_while_a_member_runs_and_gone_once_none_does() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        let start = process_start(pgid);
+        assert_eq!(group_alive(pgid, start), Some(true));
+        if let Some(s) = start {
+            assert_eq!(group_alive(pgid, Some(s + 1)), Some(false), "reused id");
+        }
+        child.kill().unwrap();
+        // Not reaped yet: its only member is a zombie, which writes nothing.
+        if cfg!(target_os = "linux") {
+            let t = std::time::Instant::now();
+            while group_alive(pgid, start) != Some(false) {
+                assert!(
+                    t.elapsed().as_secs() < 5,
+                    "a zombie-only group counts as alive"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        child.wait().unwrap();
+        assert_eq!(group_alive(pgid, start), Some(false));
+        assert_eq!(group_alive(0, None), Some(false));
+        assert_eq!(group_alive(1, None), Some(false), "never init's group");
     }
 
     #[cfg(target_os = "linux")]

@@ -856,6 +856,7 @@ mod tests {
             ttl: 60,
             note: None,
             owner_pid: None,
+            owner_pgid: None,
         };
         engine::acquire(store, key, &req, &Context::here()).unwrap();
         match store.read(key).unwrap() {
@@ -952,7 +953,7 @@ mod tests {
             };
             let dir = tempfile::tempdir().unwrap();
             let store = FileStore::new(dir.path());
-            let req = AcquireRequest { ttl: 60, note: None, owner_pid: None };
+            let req = AcquireRequest { ttl: 60, note: None, owner_pid: None, owner_pgid: None };
             let got = engine::acquire(&store, &key, &req, &Context::here()).unwrap();
             let acquired = matches!(got, Acquire::Acquired { .. });
             prop_assert!(acquired);

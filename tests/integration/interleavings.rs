@@ -641,6 +641,7 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
         ttl: 1,
         note: None,
         owner_pid: None,
+        owner_pgid: None,
     };
     let stop = AtomicBool::new(false);
     let reads = AtomicUsize::new(0);

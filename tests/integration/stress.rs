@@ -46,7 +46,7 @@ const WORKERS: usize = 32;
 /// The longest ttl any operation asks for (acquire or renew).
 const MAX_TTL: u64 = 4;
 /// Seconds of load in the default (short) mode.
-const SHORT_SECS: u64 = 30;
+const SHORT_SECS: u64 = 12;
 
 fn lock_name(i: usize) -> String {
     let (skill, repo) = LOCKS[i];
@@ -1409,4 +1409,383 @@ fn stress_pid_namespace() {
 #[ignore = "long mode of the pid-namespace scenario: STRESS_NS_SECS (default 300)"]
 fn stress_pid_namespace_long() {
     pid_namespace_scenario(env_secs("STRESS_NS_SECS", 300));
+}
+
+// ------------------------------------------------------- `run` in the mix
+//
+// A second harness, over two locks of their own, mixes what the first cannot
+// (its verifier expects only `expired` takeovers): `run` with commands whose
+// background children write to the witness with no check at all (so their
+// safety rests on the tool alone), wrappers SIGKILLed at random moments,
+// commands that exit leaving their background writer behind, `--wait`, and
+// `acquire --owner-pid` holders whose owner is SIGKILLed instead of released
+// (an `owner_dead` takeover). Every write is one `O_APPEND` line
+// `<lock> <fence>`; the property is that per lock, in write order, fences
+// never go down: a line of an older fence after a newer one is two writers
+// overlapping. Then: the history's `acquired` fences strictly increase per
+// lock, every lock can be acquired again once the load stops, and the
+// witness stops growing (no writer outlives its run).
+
+const RUN_LOCKS: [(&str, &str); 2] = [("runs", "o/one"), ("runs", "o/two")];
+const RUN_WORKERS: usize = 12;
+/// Seconds of the `run` mix in the default (short) mode.
+const RUN_SHORT_SECS: u64 = 8;
+
+#[derive(Default)]
+struct RunStats {
+    operations: AtomicU64,
+    kills: AtomicU64,
+    owner_kills: AtomicU64,
+    runs: AtomicU64,
+    ran: AtomicU64,
+    left_behind: AtomicU64,
+    lost: AtomicU64,
+    already_running: AtomicU64,
+    acquired: AtomicU64,
+    released: AtomicU64,
+}
+
+struct RunWorld {
+    repo: PathBuf,
+    run: PathBuf,
+    witness: PathBuf,
+    deadline: Instant,
+    stats: RunStats,
+    violations: Mutex<Vec<String>>,
+}
+
+impl RunWorld {
+    fn violation(&self, what: String) {
+        eprintln!("stress(run): VIOLATION: {what}");
+        self.violations.lock().unwrap().push(what);
+    }
+
+    /// Runs the binary to its end; SIGKILLs it `kill_after_ms` after the start.
+    fn invoke(&self, args: &[String], kill_after_ms: Option<u64>) -> (Out, bool) {
+        let mut cmd = Cmd::new(&self.repo).args(args).command();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        bump(&self.stats.operations);
+        let child = cmd.spawn().expect("the binary starts");
+        if let Some(ms) = kill_after_ms {
+            std::thread::sleep(Duration::from_millis(ms));
+            // SAFETY: the child is not reaped yet, so the pid is still ours.
+            unsafe { libc::kill(libc::pid_t::try_from(child.id()).unwrap(), libc::SIGKILL) };
+        }
+        // Its output ends when the last process holding it does: bounded,
+        // so a writer that outlives `run` fails the run instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let Ok(output) = rx.recv_timeout(Duration::from_secs(30)) else {
+            self.violation(format!(
+                "{args:?} still holds its output open after 30 s: something outlived it"
+            ));
+            return (
+                Out::from(std::process::Output {
+                    status: std::process::ExitStatus::from_raw(9),
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                }),
+                true,
+            );
+        };
+        let output = output.expect("the binary ends");
+        let killed = output.status.signal() == Some(libc::SIGKILL);
+        if killed {
+            bump(&self.stats.kills);
+        }
+        (Out::from(output), killed)
+    }
+}
+
+fn run_lock_args(cmd: &str, lock: usize) -> Vec<String> {
+    let (skill, repo) = RUN_LOCKS[lock];
+    vec![cmd.into(), skill.into(), "--repo".into(), repo.into()]
+}
+
+/// The JSON object on the last line of `run`'s standard error.
+fn run_json(out: &Out) -> Value {
+    let last = out.stderr.lines().last().unwrap_or("");
+    serde_json::from_str(last).unwrap_or(Value::Null)
+}
+
+/// `run` of a shell whose background child writes `<lock> <fence>` every
+/// 10 ms; the shell then either stops its child and exits, or exits leaving
+/// it running (for `run` to stop). Sometimes with `--wait`, sometimes the
+/// wrapper is SIGKILLed at a random moment.
+fn run_once(world: &RunWorld, rng: &mut Rng) {
+    const SCRIPT: &str = r#"(while :; do echo "$1 $SKILL_LOCK_FENCE" >> "$2"; sleep 0.01; done) &
+sleep "$3"
+if [ "$4" = clean ]; then kill $!; wait; fi
+exit 0"#;
+    let lock = rng.below(RUN_LOCKS.len() as u64) as usize;
+    let mut args = run_lock_args("run", lock);
+    args.extend(["--ttl".into(), (1 + rng.below(3)).to_string()]);
+    if rng.chance(50) {
+        args.extend(["--wait".into(), "2".into()]);
+    }
+    let secs = format!("0.{:02}", rng.below(40));
+    let mode = if rng.chance(50) { "clean" } else { "leave" };
+    let witness = world.witness.to_str().unwrap().to_owned();
+    args.extend(
+        [
+            "--",
+            "sh",
+            "-c",
+            SCRIPT,
+            "sh",
+            &lock.to_string(),
+            &witness,
+            &secs,
+            mode,
+        ]
+        .map(String::from),
+    );
+    let kill = rng.chance(25).then(|| rng.below(1_500));
+    bump(&world.stats.runs);
+    let (out, killed) = world.invoke(&args, kill);
+    if killed {
+        return;
+    }
+    let v = run_json(&out);
+    match (out.code, v["result"].as_str(), v["lost"].as_bool()) {
+        (0, Some("ran"), Some(false)) => {
+            bump(&world.stats.ran);
+            if mode == "leave" {
+                bump(&world.stats.left_behind);
+            }
+        }
+        (3, Some("already_running"), _) => bump(&world.stats.already_running),
+        (143 | 137, Some("ran"), Some(true)) => bump(&world.stats.lost),
+        _ => world.violation(format!("run exit {}: {}", out.code, out.stderr.trim_end())),
+    }
+}
+
+/// `acquire --owner-pid` of a `sleep` child (sometimes with `--wait`, the
+/// acquire sometimes SIGKILLed), a few witnessed writes, then a token
+/// release or the owner SIGKILLed (the lock is then `owner_dead`).
+fn owner_hold(world: &RunWorld, rng: &mut Rng, witness: &mut std::fs::File) {
+    let mut owner = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep starts");
+    let lock = rng.below(RUN_LOCKS.len() as u64) as usize;
+    let mut args = run_lock_args("acquire", lock);
+    args.extend([
+        "--ttl".into(),
+        "60".into(),
+        "--owner-pid".into(),
+        owner.id().to_string(),
+    ]);
+    if rng.chance(50) {
+        args.extend(["--wait".into(), "2".into()]);
+    }
+    let (out, killed) = world.invoke(&args, rng.chance(10).then(|| rng.below(15)));
+    let v = &out.json;
+    let fence = (!killed && out.code == 0).then(|| fence_of(v)).flatten();
+    if let (Some(fence), Some(token)) = (fence, v["token"].as_str()) {
+        bump(&world.stats.acquired);
+        for _ in 0..=rng.below(3) {
+            witness
+                .write_all(format!("{lock} {fence}\n").as_bytes())
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(5 + rng.below(40)));
+        }
+        if rng.chance(50) {
+            let mut a = run_lock_args("release", lock);
+            a.extend(["--token".into(), token.into()]);
+            let (out, _) = world.invoke(&a, None);
+            if (out.code, out.json["result"].as_str()) != (0, Some("released")) {
+                world.violation(format!("release of a held lock: {}", out.stdout));
+            }
+            bump(&world.stats.released);
+        }
+    } else if !killed && (out.code, v["result"].as_str()) != (3, Some("already_running")) {
+        world.violation(format!("acquire exit {}: {}", out.code, out.stdout));
+    }
+    // The holder writes nothing more: its owner may die now.
+    let _ = owner.kill();
+    let _ = owner.wait();
+    bump(&world.stats.owner_kills);
+}
+
+fn run_worker(world: &RunWorld, id: usize, seed: u64) {
+    let mut rng = Rng::new(seed ^ (id as u64 + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut witness = OpenOptions::new()
+        .append(true)
+        .open(&world.witness)
+        .expect("witness file");
+    while Instant::now() < world.deadline {
+        if rng.chance(60) {
+            run_once(world, &mut rng);
+        } else {
+            owner_hold(world, &mut rng, &mut witness);
+        }
+    }
+}
+
+/// Per lock, in write order, fences never go down; returns the number of
+/// witnessed holders (distinct (lock, fence) runs of lines).
+fn run_verify_witness(world: &RunWorld) -> u64 {
+    let text = std::fs::read_to_string(&world.witness).unwrap();
+    let mut top: HashMap<String, u64> = HashMap::new();
+    let mut holders = 0;
+    for (n, line) in text.lines().enumerate() {
+        let Some((lock, fence)) = line
+            .split_once(' ')
+            .and_then(|(l, f)| Some((l.to_owned(), f.parse::<u64>().ok()?)))
+        else {
+            world.violation(format!("witness line {} unreadable: {line:?}", n + 1));
+            continue;
+        };
+        let seen = top.entry(lock.clone()).or_insert(0);
+        if fence < *seen {
+            world.violation(format!(
+                "witness line {}: lock {lock} fence {fence} wrote after fence {seen}: two writers overlapped",
+                n + 1
+            ));
+        } else if fence > *seen {
+            holders += 1;
+            *seen = fence;
+        }
+    }
+    holders
+}
+
+/// History: per lock, `acquired` fences strictly increase in file order;
+/// returns the takeovers by reason.
+fn run_verify_history(world: &RunWorld) -> BTreeMap<String, u64> {
+    let mut last: HashMap<String, u64> = HashMap::new();
+    let mut takeovers = BTreeMap::new();
+    for name in ["history.1.jsonl", "history.jsonl"] {
+        let Ok(text) = std::fs::read_to_string(world.run.join(name)) else {
+            continue;
+        };
+        for line in text.lines() {
+            let Ok(ev) = serde_json::from_str::<Event>(line) else {
+                world.violation(format!("{name}: unreadable line {line:?}"));
+                continue;
+            };
+            let lock = format!("{}@{}", ev.skill, ev.repo);
+            match ev.event {
+                EventKind::Acquired => {
+                    let fence = ev.fence.unwrap_or(0);
+                    let prev = last.insert(lock.clone(), fence).unwrap_or(0);
+                    if fence <= prev {
+                        world.violation(format!("{lock}: fence {fence} acquired after {prev}"));
+                    }
+                }
+                EventKind::TookOver => {
+                    *takeovers.entry(ev.reason.unwrap_or_default()).or_default() += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    takeovers
+}
+
+/// After the load: every lock can be taken again within a lease and a
+/// grace, and nothing writes to the witness any more.
+fn run_settle(world: &RunWorld) {
+    for lock in 0..RUN_LOCKS.len() {
+        let mut args = run_lock_args("acquire", lock);
+        args.extend(["--wait".into(), "10".into(), "--ttl".into(), "5".into()]);
+        let (out, _) = world.invoke(&args, None);
+        if out.code != 0 {
+            world.violation(format!("lock {lock} stuck after the load: {}", out.stdout));
+            continue;
+        }
+        let mut a = run_lock_args("release", lock);
+        a.extend([
+            "--token".into(),
+            out.json["token"].as_str().unwrap_or("").into(),
+        ]);
+        world.invoke(&a, None);
+    }
+    let len = || std::fs::metadata(&world.witness).map_or(0, |m| m.len());
+    let before = len();
+    std::thread::sleep(Duration::from_millis(500));
+    if len() != before {
+        world.violation(
+            "the witness still grows after every run ended: a writer outlived its lock".into(),
+        );
+    }
+}
+
+fn run_episode(seed: u64, secs: u64) -> (String, Vec<String>) {
+    let env = TestEnv::new();
+    let repo = env.git_repo("repo");
+    let witness = env.path("witness.log");
+    std::fs::File::create(&witness).unwrap();
+    let world = RunWorld {
+        run: repo.join(".git/apache-magpie/run"),
+        repo,
+        witness,
+        deadline: Instant::now() + Duration::from_secs(secs),
+        stats: RunStats::default(),
+        violations: Mutex::new(Vec::new()),
+    };
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for id in 0..RUN_WORKERS {
+            let world = &world;
+            s.spawn(move || run_worker(world, id, seed));
+        }
+    });
+    run_settle(&world);
+    let holders = run_verify_witness(&world);
+    let takeovers = run_verify_history(&world);
+    let st = &world.stats;
+    let violations = world.violations.into_inner().unwrap();
+    let line = format!(
+        "stress(run) summary: seed={seed} secs={:.0} workers={RUN_WORKERS} operations={} runs={} \
+         ran={} (left a writer behind {}) lost={} already_running={} sigkills={} owner_pid_acquired={} \
+         owner_kills={} released={} witnessed_holders={holders} takeovers={takeovers:?} violations={}",
+        started.elapsed().as_secs_f64(),
+        get(&st.operations),
+        get(&st.runs),
+        get(&st.ran),
+        get(&st.left_behind),
+        get(&st.lost),
+        get(&st.already_running),
+        get(&st.kills),
+        get(&st.acquired),
+        get(&st.owner_kills),
+        get(&st.released),
+        violations.len()
+    );
+    (line, violations)
+}
+
+fn stress_run(secs: u64) {
+    let seed = seed_from_env_or_clock();
+    let (line, violations) = run_episode(seed, secs);
+    eprintln!("{line}");
+    println!("{line}");
+    assert!(
+        violations.is_empty(),
+        "{} violations (STRESS_SEED={seed}); first ones:\n{}",
+        violations.len(),
+        violations
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn stress_run_short() {
+    stress_run(env_secs("STRESS_RUN_SHORT_SECS", RUN_SHORT_SECS));
+}
+
+#[test]
+#[ignore = "long mode of the run mix: STRESS_SECS (default 600)"]
+fn stress_run_long() {
+    stress_run(env_secs("STRESS_SECS", 600));
 }

@@ -581,7 +581,7 @@ fn a_lease_lost_to_a_newcomer_stops_cmd_and_leaves_the_newcomer_alone() {
 }
 
 #[test]
-fn sigkill_of_run_makes_the_lock_stale_at_once() {
+fn sigkill_of_run_stops_its_group_and_the_lock_is_stale_only_then() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let pidfile = env.path("P");
@@ -593,6 +593,8 @@ fn sigkill_of_run_makes_the_lock_stale_at_once() {
             SKILL,
             "--repo",
             REPO,
+            "--ttl",
+            "8",
             "--",
             "sh",
             "-c",
@@ -607,32 +609,421 @@ fn sigkill_of_run_makes_the_lock_stale_at_once() {
     .spawn()
     .unwrap();
     let cmd_pid: i32 = until_file(&pidfile).trim().parse().unwrap();
+    let _cleanup = KillOnDrop::new(cmd_pid);
     until_held(&env, &repo);
     signal(pid_of(&child), libc::SIGKILL);
-    let killed = Instant::now();
     child.wait().unwrap();
 
-    let s = status(&env, &repo);
-    assert_eq!(
-        (s["state"].as_str(), s["stale_reason"].as_str()),
-        (Some("stale"), Some("owner_dead")),
-        "{s}"
-    );
+    // The keeper stops the group within the grace (1 s for ttl 8); the lock
+    // is owner_dead once nothing of the group is left, not before.
+    let s = until(Duration::from_secs(10), "owner_dead", || {
+        let s = status(&env, &repo);
+        (s["state"] != "held").then_some(s)
+    });
+    assert!(gone(cmd_pid), "the lock went stale while CMD lived: {s}");
+    assert_eq!(s["stale_reason"], "owner_dead", "{s}");
     let taken = acquire(&env, &repo, &[]);
     let v = taken.expect(0, "acquired");
     assert_eq!(v["took_over"]["reason"], "owner_dead", "{v}");
     assert_eq!(v["took_over"]["holder"]["owner_pid"], child.id(), "{v}");
+}
 
-    if cfg!(target_os = "linux") {
-        // The orphaned CMD got SIGTERM through the parent-death signal.
-        while !gone(cmd_pid) {
-            if killed.elapsed() > Duration::from_secs(2) {
-                // SAFETY: kill(2) on the orphan this test made.
-                unsafe { libc::kill(cmd_pid, libc::SIGKILL) };
-                panic!("CMD (pid {cmd_pid}) still alive 2 s after run was SIGKILLed");
-            }
-            thread::sleep(Duration::from_millis(20));
+/// SIGKILLs `pid` (a process a failing test would leave behind) when
+/// dropped, if it is still that process: pids are reused (this VM's
+/// `pid_max` is 32768), and a stale kill could hit another test's process.
+struct KillOnDrop(i32, Option<u64>);
+
+impl KillOnDrop {
+    fn new(pid: i32) -> Self {
+        Self(pid, start_time(pid))
+    }
+}
+
+/// Field 22 of `/proc/<pid>/stat` (Linux): when the process started.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let same = match self.1 {
+            Some(t) => start_time(self.0) == Some(t),
+            None => thread::panicking(),
+        };
+        if self.0 > 1 && same && !gone(self.0) {
+            // SAFETY: kill(2) on a process this test made, checked above.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
         }
+    }
+}
+
+/// A CMD whose background child appends `$SKILL_LOCK_FENCE` to `$1` every
+/// 20 ms and records its pid in `$2`; the shell itself then does `tail`.
+fn writer_cmd<'a>(tail: &'a str, witness: &'a str, pidfile: &'a str) -> Vec<&'a str> {
+    let script: &'static str = match tail {
+        "wait" => {
+            r#"(while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done) & echo $! > "$2"; wait"#
+        }
+        _ => {
+            r#"(while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done) & echo $! > "$2"; exit 0"#
+        }
+    };
+    vec!["--", "sh", "-c", script, "sh", witness, pidfile]
+}
+
+/// Fails when a line of an older fence follows the first line of `fence`.
+#[track_caller]
+fn assert_no_older_write_after(witness: &Path, fence: u64) {
+    let text = std::fs::read_to_string(witness).unwrap();
+    let fences: Vec<u64> = text.lines().map(|l| l.trim().parse().unwrap()).collect();
+    let first = fences
+        .iter()
+        .position(|f| *f == fence)
+        .expect("the new holder wrote");
+    let late: Vec<u64> = fences[first..]
+        .iter()
+        .copied()
+        .filter(|f| *f < fence)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{} writes of fences {late:?} after fence {fence} took the lock: two writers overlapped",
+        late.len()
+    );
+}
+
+/// The new holder (fence `fence`) writes twice, 300 ms apart, as the old one would.
+fn write_as(witness: &Path, fence: u64) {
+    for _ in 0..2 {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(witness)
+            .unwrap();
+        writeln!(f, "{fence}").unwrap();
+        thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn sigkill_of_run_leaves_no_background_writer_beside_the_next_holder() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let (witness, pidfile) = (env.path("W"), env.path("P"));
+    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "8"];
+    args.extend(writer_cmd(
+        "wait",
+        witness.to_str().unwrap(),
+        pidfile.to_str().unwrap(),
+    ));
+    let mut child = command(&env, &repo, &args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
+    let _cleanup = KillOnDrop::new(writer);
+    until_file(&witness);
+    signal(pid_of(&child), libc::SIGKILL);
+    child.wait().unwrap();
+
+    let next = acquire(&env, &repo, &["--wait", "20", "--ttl", "60"]);
+    let fence = next.expect(0, "acquired")["fence"].as_u64().unwrap();
+    write_as(&witness, fence);
+    assert!(gone(writer), "CMD's background writer outlived the lock");
+    assert_no_older_write_after(&witness, fence);
+}
+
+#[test]
+fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let (witness, pidfile) = (env.path("W"), env.path("P"));
+    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "1"];
+    args.extend(writer_cmd(
+        "wait",
+        witness.to_str().unwrap(),
+        pidfile.to_str().unwrap(),
+    ));
+    let mut child = command(&env, &repo, &args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
+    let _cleanup = KillOnDrop::new(writer);
+    let held = until_held(&env, &repo);
+    let pgid = i32::try_from(held["holder"]["owner_pgid"].as_u64().expect("owner_pgid")).unwrap();
+    // Nothing of skill-lock is left to stop the group: the wrapper and the
+    // group's keeper are SIGKILLed; the background writer goes on.
+    signal(pgid, libc::SIGKILL);
+    signal(pid_of(&child), libc::SIGKILL);
+    child.wait().unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    assert!(!gone(writer));
+
+    let s = status(&env, &repo);
+    assert_eq!(
+        s["state"], "held",
+        "a lock whose group still writes is not stale: {s}"
+    );
+    let v = acquire(&env, &repo, &[]);
+    v.expect(3, "already_running");
+
+    signal(writer, libc::SIGKILL);
+    let s = until(Duration::from_secs(5), "stale", || {
+        let s = status(&env, &repo);
+        (s["state"] == "stale").then_some(s)
+    });
+    // Its lease ran out long ago, and its owners are gone: either reason.
+    assert!(
+        matches!(s["stale_reason"].as_str(), Some("owner_dead" | "expired")),
+        "{s}"
+    );
+    let v = acquire(&env, &repo, &["--ttl", "60"]);
+    let fence = v.expect(0, "acquired")["fence"].as_u64().unwrap();
+    write_as(&witness, fence);
+    assert_no_older_write_after(&witness, fence);
+}
+
+#[test]
+fn cmd_leaving_a_background_job_has_it_stopped_before_the_release() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let (witness, pidfile) = (env.path("W"), env.path("P"));
+    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "8"];
+    args.extend(writer_cmd(
+        "exit",
+        witness.to_str().unwrap(),
+        pidfile.to_str().unwrap(),
+    ));
+    let out = finish(spawn(&env, &repo, &args), Duration::from_secs(20));
+    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
+    let _cleanup = KillOnDrop::new(writer);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "CMD's own status: {stderr}");
+    let v = last_json(&stderr);
+    assert_eq!(
+        (v["released"].as_bool(), v["lost"].as_bool()),
+        (Some(true), Some(false)),
+        "{v}"
+    );
+    assert!(gone(writer), "the background job outlived run: {stderr}");
+
+    let v = acquire(&env, &repo, &["--ttl", "60"]);
+    let fence = v.expect(0, "acquired")["fence"].as_u64().unwrap();
+    if std::fs::metadata(&witness).is_ok() {
+        write_as(&witness, fence);
+        assert_no_older_write_after(&witness, fence);
+    }
+}
+
+#[test]
+fn a_forced_release_stops_the_whole_group() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let (witness, pidfile) = (env.path("W"), env.path("P"));
+    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "3"];
+    args.extend(writer_cmd(
+        "wait",
+        witness.to_str().unwrap(),
+        pidfile.to_str().unwrap(),
+    ));
+    let child = spawn(&env, &repo, &args);
+    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
+    let _cleanup = KillOnDrop::new(writer);
+    until_file(&witness);
+    lock(&env, &repo, &["release", SKILL, "--repo", REPO, "--force"]).expect(0, "released");
+    let out = finish(child, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert_eq!(last_json(&stderr)["lost"], true, "{stderr}");
+    assert!(
+        gone(writer),
+        "the background writer outlived the lost lease"
+    );
+}
+
+/// Boot-clock seconds (`/proc/uptime`, 10 ms steps) of each witness line.
+#[cfg(target_os = "linux")]
+fn uptimes(witness: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(witness).unwrap();
+    text.lines().map(|l| l.trim().parse().unwrap()).collect()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn failing_renewals_stop_the_group_before_the_confirmed_lease_ends() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let store = env.path("store");
+    std::fs::create_dir(&store).unwrap();
+    let url = format!("file:{}", store.display());
+    let witness = env.path("W");
+    let script = r#"(while :; do cut -d' ' -f1 /proc/uptime >> "$1"; sleep 0.02; done) & wait"#;
+    let child = spawn(
+        &env,
+        &repo,
+        &[
+            "--store",
+            &url,
+            "run",
+            SKILL,
+            "--repo",
+            REPO,
+            "--ttl",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            witness.to_str().unwrap(),
+        ],
+    );
+    until_file(&witness);
+    thread::sleep(Duration::from_millis(1000));
+    // The store becomes unreachable for good (root ignores modes, so the
+    // directory is replaced by a file): every renewal fails from now on.
+    let moved = env.path("store.gone");
+    std::fs::rename(&store, &moved).unwrap();
+    std::fs::write(&store, "not a directory").unwrap();
+    let out = finish(child, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(matches!(out.status.code(), Some(143 | 137)), "{stderr}");
+    let v = last_json(&stderr);
+    assert_eq!(v["lost"], true, "{v}");
+    assert!(v["renewals"].as_u64().unwrap() >= 1, "{v}");
+    assert!(stderr.contains("renewal failed"), "{stderr}");
+
+    let moved_url = format!("file:{}", moved.display());
+    let s = lock(
+        &env,
+        &repo,
+        &["--store", &moved_url, "status", SKILL, "--repo", REPO],
+    );
+    let deadline_ms = s.expect(0, "status")["holder"]["deadline_boot_ms"]
+        .as_u64()
+        .unwrap();
+    let times = uptimes(&witness);
+    let last = times.iter().copied().fold(0.0, f64::max);
+    // Whole 10 ms steps of /proc/uptime, rounded down: compare in ms.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let last_ms = (last * 1000.0).round() as u64;
+    assert!(
+        last_ms + 10 <= deadline_ms,
+        "a write at {last_ms} ms, after the confirmed lease end {deadline_ms} ms"
+    );
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        uptimes(&witness).len(),
+        times.len(),
+        "the group still writes"
+    );
+}
+
+/// Has `pid` blocked SIGTERM yet (Linux); elsewhere, after a second.
+fn signals_blocked(pid: i32) -> bool {
+    if !cfg!(target_os = "linux") {
+        thread::sleep(Duration::from_secs(1));
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigBlk:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+}
+
+#[test]
+fn a_signal_ends_run_wait_at_once_with_nothing_acquired_or_run() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let fence = acquire(&env, &repo, &["--ttl", "120"]).expect(0, "acquired")["fence"].clone();
+    let ran = env.path("ran");
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let child = spawn(
+            &env,
+            &repo,
+            &[
+                "run",
+                SKILL,
+                "--repo",
+                REPO,
+                "--wait",
+                "60",
+                "--",
+                "sh",
+                "-c",
+                r#"echo ran > "$1""#,
+                "sh",
+                ran.to_str().unwrap(),
+            ],
+        );
+        let pid = pid_of(&child);
+        until(Duration::from_secs(10), "signals blocked", || {
+            signals_blocked(pid).then_some(())
+        });
+        thread::sleep(Duration::from_millis(200));
+        signal(pid, sig);
+        let start = Instant::now();
+        let out = finish(child, Duration::from_secs(10));
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "the wait went on {:?}",
+            start.elapsed()
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + sig), "{stderr}");
+        let v = last_json(&stderr);
+        assert_eq!(
+            (v["result"].as_str(), v["signal"].as_i64()),
+            (Some("interrupted"), Some(i64::from(sig))),
+            "{v}"
+        );
+        assert!(!ran.exists(), "CMD ran after a signal ended the wait");
+        let s = status(&env, &repo);
+        assert_eq!(
+            (&s["state"], &s["holder"]["fence"]),
+            (&"held".into(), &fence),
+            "{s}"
+        );
+    }
+}
+
+#[test]
+fn a_command_that_cannot_start_is_refused_before_the_lock_is_touched() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let fence = acquire(&env, &repo, &["--ttl", "1"]).expect(0, "acquired")["fence"].clone();
+    until(Duration::from_secs(5), "stale", || {
+        (status(&env, &repo)["state"] == "stale").then_some(())
+    });
+    let plain = env.path("plain");
+    std::fs::write(&plain, "#!/bin/sh\necho ran\n").unwrap();
+    let dir = env.path("");
+    for cmd in [
+        "no-such-command-here",
+        plain.to_str().unwrap(),
+        dir.to_str().unwrap(),
+    ] {
+        let out = lock(&env, &repo, &["run", SKILL, "--repo", REPO, "--", cmd]);
+        assert_eq!(out.code, 2, "{cmd}: {out:?}");
+        let v = last_json(&out.stderr);
+        assert_eq!(v["error"], "usage", "{v}");
+        assert!(v["message"].as_str().unwrap().contains("cannot run"), "{v}");
+        let s = status(&env, &repo);
+        assert_eq!(
+            (&s["state"], &s["holder"]["fence"]),
+            (&"stale".into(), &fence),
+            "{cmd}: the stale lock was taken over before CMD was found: {s}"
+        );
     }
 }
 
@@ -675,4 +1066,102 @@ fn run_of_a_missing_command_is_a_usage_error_and_releases() {
     let v = last_json(&out.stderr);
     assert_eq!(v["error"], "usage", "{v}");
     assert_free(&env, &repo);
+}
+
+#[test]
+fn cmd_can_read_the_terminal_run_was_started_from() {
+    let Ok(script) = which("script") else {
+        eprintln!("SKIPPED: no script(1) to give run a terminal");
+        return;
+    };
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let line = format!("{BIN} run {SKILL} --repo {REPO} -- sh -c 'read x; echo got $x'");
+    let mut child = Command::new(script)
+        .args(["-qec", &line, "/dev/null"])
+        .current_dir(&repo)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    thread::sleep(Duration::from_millis(1000));
+    stdin.write_all(b"hello\n").unwrap();
+    let out = finish(child, Duration::from_secs(20));
+    drop(stdin);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("got hello"),
+        "CMD could not read its terminal: {text}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::split_paths(&std::env::var_os("PATH").ok_or(())?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
+
+#[test]
+fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let (witness, pidfile) = (env.path("W"), env.path("P"));
+    // The leftover ignores SIGTERM, so run's stop waits a grace (1 s for
+    // ttl 8) before its SIGKILL: the wrapper is SIGKILLed in that window.
+    let script = r#"(trap '' TERM; while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done) & echo $! > "$2"; exit 0"#;
+    let mut child = spawn(
+        &env,
+        &repo,
+        &[
+            "run",
+            SKILL,
+            "--repo",
+            REPO,
+            "--ttl",
+            "8",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            witness.to_str().unwrap(),
+            pidfile.to_str().unwrap(),
+        ],
+    );
+    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
+    let _cleanup = KillOnDrop::new(writer);
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let said = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("run says it stops leftovers");
+    assert!(said.contains("left running"), "{said}");
+    signal(pid_of(&child), libc::SIGKILL);
+    child.wait().unwrap();
+    let killed = Instant::now();
+    until(Duration::from_secs(8), "the leftover stopped", || {
+        gone(writer).then_some(())
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
+    let v = acquire(&env, &repo, &["--wait", "5", "--ttl", "60"]);
+    let fence = v.expect(0, "acquired")["fence"].as_u64().unwrap();
+    write_as(&witness, fence);
+    assert_no_older_write_after(&witness, fence);
 }
