@@ -797,7 +797,10 @@ mod tests {
         let t0 = 100 * S;
         let mut r = Renewer::new(3, t0);
         assert_eq!(r.confirmed_end(), t0 + 3 * S);
-        assert_eq!(Some(r.stop_at()), (t0 + 3 * S).checked_sub(Margins::of(3).stop));
+        assert_eq!(
+            Some(r.stop_at()),
+            (t0 + 3 * S).checked_sub(Margins::of(3).stop)
+        );
         assert!(!r.due(t0) && r.due(t0 + S));
         r.sent();
         assert!(!r.due(t0 + 2 * S), "one renewal at a time");
