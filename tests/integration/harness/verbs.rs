@@ -25,6 +25,11 @@ pub struct Holder {
     pub boot_id: Option<String>,
     pub owner_start: Option<u64>,
     pub deadline_boot_ms: Option<u64>,
+    pub machine: Option<String>,
+    pub pid_ns: Option<u64>,
+    pub time_ns: Option<u64>,
+    pub owner_pgid: Option<u32>,
+    pub group_start: Option<u64>,
     pub format: u32,
 }
 
