@@ -9,6 +9,7 @@
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod fs;
+pub mod git;
 
 use crate::error::Result;
 use crate::history::Event;
@@ -170,6 +171,8 @@ pub enum AnyStore {
     /// Keys in an etcd cluster.
     #[cfg(feature = "etcd")]
     Etcd(etcd::EtcdStore),
+    /// Refs in a git remote.
+    Git(git::GitStore),
 }
 
 macro_rules! each_store {
@@ -178,6 +181,7 @@ macro_rules! each_store {
             AnyStore::File($s) => $e,
             #[cfg(feature = "etcd")]
             AnyStore::Etcd($s) => $e,
+            AnyStore::Git($s) => $e,
         }
     };
 }
