@@ -329,6 +329,11 @@ fn git_command() -> Command {
         .env("GCM_INTERACTIVE", "never")
         .env("LC_ALL", "C")
         .env_remove("LANGUAGE");
+    // Commits are made by the tool, whoever runs it (the record says who holds).
+    for who in ["AUTHOR", "COMMITTER"] {
+        cmd.env(format!("GIT_{who}_NAME"), "skill-lock")
+            .env(format!("GIT_{who}_EMAIL"), "skill-lock@localhost");
+    }
     cmd
 }
 
