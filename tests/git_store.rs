@@ -1,0 +1,511 @@
+//! The git store (SPEC §8 `git:`) against real remotes started here: a
+//! `file://` bare repository and a `git daemon` on loopback (ports
+//! 24400-24449). Races, the witnessed loop, clones contending through
+//! `git:origin`, refs hidden from plain clones, the clock-skew allowance,
+//! unknown push outcomes, and remotes that hang or refuse.
+
+mod common;
+
+use common::gitd::{Daemon, bare_repo};
+use common::{Cmd, TestEnv, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One remote for a test: a URL and the cache the binary uses.
+struct Remote {
+    url: String,
+    cache: PathBuf,
+    _daemon: Option<Daemon>,
+}
+
+impl Remote {
+    fn file(env: &TestEnv) -> Self {
+        let repo = bare_repo(&env.path("remote.git"));
+        Self {
+            url: format!("git:file://{}", repo.display()),
+            cache: env.path("cache"),
+            _daemon: None,
+        }
+    }
+
+    fn daemon(env: &TestEnv) -> Self {
+        let served = env.dir("served");
+        bare_repo(&served.join("locks.git"));
+        let d = Daemon::start(&served, 24400);
+        Self {
+            url: format!("git:{}", d.url("locks.git")),
+            cache: env.path("cache"),
+            _daemon: Some(d),
+        }
+    }
+
+    fn cmd(&self, cwd: &Path) -> Cmd {
+        Cmd::new(cwd)
+            .env("SKILL_LOCK_STORE", &self.url)
+            .env("SKILL_LOCK_GIT_CACHE", &self.cache)
+    }
+}
+
+fn git_out(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {:?}", out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn race(remote: &Remote, cwd: &Path, n: usize) -> Vec<common::Out> {
+    let kids: Vec<_> = (0..n)
+        .map(|_| {
+            remote
+                .cmd(cwd)
+                .args(["acquire", "race", "--repo", "o/r", "--ttl", "60"])
+                .command()
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    kids.into_iter()
+        .map(|k| k.wait_with_output().unwrap().into())
+        .collect()
+}
+
+fn one_winner(outs: &[common::Out], what: &str) -> Value {
+    let winners: Vec<&common::Out> = outs.iter().filter(|o| o.code == 0).collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "{what}: {:?}",
+        outs.iter()
+            .map(|o| (&o.stdout, &o.stderr))
+            .collect::<Vec<_>>()
+    );
+    for o in outs.iter().filter(|o| o.code != 0) {
+        o.expect(3, "already_running");
+    }
+    winners[0].json.clone()
+}
+
+#[test]
+fn sixteen_racers_on_a_free_and_on_a_stale_lock_one_winner_each() {
+    for make in [Remote::daemon, Remote::file] {
+        let env = TestEnv::new();
+        let cwd = env.dir("w");
+        let remote = make(&env);
+        let first = one_winner(&race(&remote, &cwd, 16), &remote.url);
+        assert!(first["took_over"].is_null());
+        // Make it stale: a 1 s lease, renewed by its own token, then let it run out.
+        remote
+            .cmd(&cwd)
+            .args(["renew", "race", "--repo", "o/r", "--ttl", "1"])
+            .args(["--token", first["token"].as_str().unwrap()])
+            .run()
+            .expect(0, "renewed");
+        std::thread::sleep(Duration::from_millis(2100));
+        let second = one_winner(&race(&remote, &cwd, 16), &remote.url);
+        assert_eq!(second["took_over"]["reason"], "expired", "{}", remote.url);
+        assert_eq!(
+            second["fence"].as_u64(),
+            first["fence"].as_u64().map(|f| f + 1)
+        );
+    }
+}
+
+#[test]
+fn witnessed_loop_never_overlaps_and_fences_strictly_increase() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Arc::new(Remote::daemon(&env));
+    let witness = env.path("witness");
+    std::fs::write(&witness, "").unwrap();
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (remote, cwd, witness, fences) = (
+                Arc::clone(&remote),
+                cwd.clone(),
+                witness.clone(),
+                Arc::clone(&fences),
+            );
+            std::thread::spawn(move || {
+                for _ in 0..5 {
+                    let a = remote
+                        .cmd(&cwd)
+                        .args(["acquire", "loop", "--repo", "o/r", "--ttl", "60"])
+                        .args(["--wait", "60"])
+                        .run();
+                    let a = a.expect(0, "acquired");
+                    let me = format!("worker {w} fence {}", a["fence"]);
+                    let before = std::fs::read_to_string(&witness).unwrap();
+                    assert_eq!(before, "", "{me} entered while {before} held it");
+                    std::fs::write(&witness, &me).unwrap();
+                    fences.lock().unwrap().push(a["fence"].as_u64().unwrap());
+                    std::thread::sleep(Duration::from_millis(30));
+                    assert_eq!(std::fs::read_to_string(&witness).unwrap(), me);
+                    std::fs::write(&witness, "").unwrap();
+                    remote
+                        .cmd(&cwd)
+                        .args(["release", "loop", "--repo", "o/r", "--token"])
+                        .arg(a["token"].as_str().unwrap())
+                        .run()
+                        .expect(0, "released");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let fences = fences.lock().unwrap();
+    assert_eq!(fences.len(), 20);
+    assert!(
+        fences.windows(2).all(|p| p[0] < p[1]),
+        "fences in the order the lock was held: {fences:?}"
+    );
+    // The history is the ref's log: every acquisition and release is there.
+    let h = remote
+        .cmd(&cwd)
+        .args(["history", "loop", "--repo", "o/r", "--limit", "100"])
+        .run();
+    let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
+    let acquired: Vec<u64> = events
+        .iter()
+        .filter(|e| e["event"] == "acquired")
+        .map(|e| e["fence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(acquired, *fences);
+    assert_eq!(
+        events.iter().filter(|e| e["event"] == "released").count(),
+        20
+    );
+}
+
+#[test]
+fn two_clones_contend_through_origin_and_plain_clones_never_see_lock_refs() {
+    let env = TestEnv::new();
+    let origin = bare_repo(&env.path("origin.git"));
+    let seed = env.git_repo("seed");
+    git_out(&seed, &["push", "-q", origin.to_str().unwrap(), "main"]);
+    let clone = |name: &str| {
+        git_out(&env.root, &["clone", "-q", origin.to_str().unwrap(), name]);
+        env.path(name)
+    };
+    let laptop = clone("laptop");
+    let ci = clone("ci");
+    let cache = env.path("cache");
+    let at = |dir: &Path| {
+        Cmd::new(dir)
+            .env("SKILL_LOCK_STORE", "git:origin")
+            .env("SKILL_LOCK_GIT_CACHE", &cache)
+    };
+    let a = at(&laptop)
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run();
+    let a = a.expect(0, "acquired").clone();
+    let other = at(&ci)
+        .env("SKILL_LOCK_HOST", "ci-runner")
+        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
+        .run();
+    let other = other.expect(3, "already_running");
+    assert_eq!(other["holder"]["fence"], a["fence"]);
+    assert!(
+        other["hint"].as_str().unwrap().contains("git:origin"),
+        "{other}"
+    );
+    // The lock is on the shared remote...
+    let remote_refs = git_out(&env.root, &["ls-remote", origin.to_str().unwrap()]);
+    assert!(
+        remote_refs.contains("refs/skill-lock/issue-triage@apache__airflow"),
+        "{remote_refs}"
+    );
+    // ...but a plain fetch or clone never brings it.
+    git_out(&laptop, &["fetch", "-q", "origin"]);
+    let fresh = clone("fresh");
+    for dir in [&laptop, &ci, &fresh] {
+        let refs = git_out(dir, &["for-each-ref"]);
+        assert!(!refs.contains("skill-lock"), "{}: {refs}", dir.display());
+        assert!(refs.contains("refs/remotes/origin/main"), "{refs}");
+    }
+    // Nothing was written into either checkout.
+    assert!(!laptop.join(".git/apache-magpie").exists());
+    at(&ci)
+        .args(["release", "issue-triage", "--repo", "apache/airflow"])
+        .args(["--token", a["token"].as_str().unwrap()])
+        .run()
+        .expect(0, "released");
+}
+
+/// Pushes a lock state written by "another host" straight to the remote.
+fn plant(remote_dir: &Path, lock: &str, state: &Value) {
+    let tmp = remote_dir.with_extension("plant");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    git_out(&tmp, &["init", "-q"]);
+    std::fs::write(tmp.join("lock.json"), state.to_string()).unwrap();
+    git_out(&tmp, &["add", "lock.json"]);
+    git_out(
+        &tmp,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "-m",
+            "planted",
+        ],
+    );
+    git_out(
+        &tmp,
+        &[
+            "push",
+            "-q",
+            "-f",
+            remote_dir.to_str().unwrap(),
+            &format!("HEAD:refs/skill-lock/{lock}"),
+        ],
+    );
+}
+
+fn foreign_state(expires_ago: i64) -> Value {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let t = |s: i64| {
+        let out = Command::new("date")
+            .args(["-u", "-d", &format!("@{s}"), "+%Y-%m-%dT%H:%M:%SZ"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    serde_json::json!({
+        "format": 1, "state": "held", "fence": 41, "depth": 7,
+        "record": {
+            "skill": "s", "repo": "o/r", "started": t(now - 600),
+            "expires": t(now - expires_ago), "renewed": null, "ttl": 600,
+            "note": "laptop", "host": "laptop", "owner_pid": 4242, "fence": 41,
+            "boot_id": "another-machine-boot", "owner_start": 1,
+            "deadline_boot_ms": 5, "format": 1,
+            "token_sha256": "0".repeat(64)
+        }
+    })
+}
+
+#[test]
+fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::file(&env);
+    let dir = env.path("remote.git");
+    plant(&dir, "s@o__r", &foreign_state(5));
+    // Expired 5 s ago by this clock, inside the 30 s allowance: still held.
+    let held = remote
+        .cmd(&cwd)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let held = held.expect(3, "already_running");
+    let left = held["expires_in"].as_u64().unwrap();
+    assert!((20..=26).contains(&left), "{held}");
+    let s = remote
+        .cmd(&cwd)
+        .args(["status", "s", "--repo", "o/r"])
+        .run();
+    assert_eq!(s.expect(0, "status")["state"], "held");
+    // Its pid is another machine's: never looked up here.
+    assert_ne!(s.json["stale_reason"], "owner_dead");
+    // A smaller allowance lets it go, and the fence continues from the record.
+    let took = remote
+        .cmd(&cwd)
+        .env("SKILL_LOCK_CLOCK_SKEW", "2")
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let took = took.expect(0, "acquired");
+    assert_eq!(took["took_over"]["reason"], "expired");
+    assert_eq!(took["took_over"]["holder"]["note"], "laptop");
+    assert_eq!(took["fence"], 42);
+    // Past the default allowance, the default takes over too.
+    plant(&dir, "s@o__r", &foreign_state(31));
+    let took = remote
+        .cmd(&cwd)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    assert_eq!(took.expect(0, "acquired")["took_over"]["reason"], "expired");
+}
+
+#[test]
+fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::file(&env);
+    let dir = env.path("remote.git");
+    plant(&dir, "s@o__r", &foreign_state(100));
+    let first = remote
+        .cmd(&cwd)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let first = first.expect(0, "acquired").clone();
+    assert_eq!(first["fence"], 42);
+    // An admin pushes junk on top of it (a commit whose lock.json is not a state).
+    let tmp = env.path("junk");
+    git_out(
+        &env.root,
+        &["clone", "-q", "--bare", dir.to_str().unwrap(), "junk"],
+    );
+    let tree = git_out(&tmp, &["hash-object", "-t", "tree", "-w", "/dev/null"]);
+    let tree = tree.trim();
+    let tip = git_out(&dir, &["rev-parse", "refs/skill-lock/s@o__r"]);
+    let junk = git_out(
+        &tmp,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit-tree",
+            tree,
+            "-p",
+            tip.trim(),
+            "-m",
+            "junk",
+        ],
+    );
+    git_out(
+        &tmp,
+        &[
+            "push",
+            "-q",
+            "-f",
+            dir.to_str().unwrap(),
+            &format!("{}:refs/skill-lock/s@o__r", junk.trim()),
+        ],
+    );
+    let s = remote
+        .cmd(&cwd)
+        .args(["status", "s", "--repo", "o/r"])
+        .run();
+    assert_eq!(s.expect(0, "status")["stale_reason"], "corrupt");
+    let again = remote
+        .cmd(&cwd)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let again = again.expect(0, "acquired");
+    assert_eq!(again["took_over"]["reason"], "corrupt");
+    assert_eq!(again["fence"], 43, "a fence above every readable state");
+}
+
+#[test]
+fn a_push_whose_answer_never_comes_but_that_landed_reports_acquired() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::file(&env);
+    // The ref is updated before post-receive runs; the client waits for the
+    // hook, so its push times out with the lock already taken.
+    let hook = env.path("remote.git/hooks/post-receive");
+    std::fs::write(&hook, "#!/bin/sh\nsleep 20\n").unwrap();
+    Command::new("chmod")
+        .arg("755")
+        .arg(&hook)
+        .status()
+        .unwrap();
+    let start = Instant::now();
+    let a = remote
+        .cmd(&cwd)
+        .env("SKILL_LOCK_GIT_TIMEOUT", "3")
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let took = start.elapsed();
+    let a = a.expect(0, "acquired").clone();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    std::fs::remove_file(&hook).unwrap();
+    let c = remote
+        .cmd(&cwd)
+        .args(["check", "s", "--repo", "o/r", "--token"])
+        .arg(a["token"].as_str().unwrap())
+        .run();
+    c.expect(0, "held");
+}
+
+#[test]
+fn a_remote_that_hangs_or_refuses_is_store_unavailable_within_the_bound() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    // Accepts connections and never answers.
+    let port = common::gitd::free_port(24400);
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = Arc::clone(&held);
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            keep.lock().unwrap().push(s);
+        }
+    });
+    for (url, bound) in [
+        (format!("git:git://127.0.0.1:{port}/x.git"), 2.0),
+        (format!("git:git://127.0.0.1:{}/x.git", port + 1), 2.0),
+        (format!("git:http://127.0.0.1:{port}/x.git"), 2.0),
+        (
+            format!("git:file://{}/missing.git", env.root.display()),
+            2.0,
+        ),
+    ] {
+        let start = Instant::now();
+        let out = Cmd::new(&cwd)
+            .env("SKILL_LOCK_STORE", &url)
+            .env("SKILL_LOCK_GIT_CACHE", env.path("cache"))
+            .env("SKILL_LOCK_GIT_TIMEOUT", bound.to_string())
+            .args(["acquire", "s", "--repo", "o/r"])
+            .run();
+        let took = start.elapsed();
+        let e = out.expect_error("store_unavailable");
+        assert!(
+            took < Duration::from_secs_f64(bound + 2.0),
+            "{url}: took {took:?}"
+        );
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .contains("SKILL_LOCK_GIT_TIMEOUT"),
+            "{e}"
+        );
+    }
+    // Default bound: 10 s.
+    let start = Instant::now();
+    Cmd::new(&cwd)
+        .env(
+            "SKILL_LOCK_STORE",
+            format!("git:git://127.0.0.1:{port}/x.git"),
+        )
+        .env("SKILL_LOCK_GIT_CACHE", env.path("cache"))
+        .args(["status", "s", "--repo", "o/r"])
+        .run()
+        .expect_error("store_unavailable");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(13),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn a_bad_store_url_is_a_usage_error() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    for url in ["git:", "git:origin", "git:/x#bad@ns"] {
+        Cmd::new(&cwd)
+            .env("SKILL_LOCK_STORE", url)
+            .args(["status", "s", "--repo", "o/r"])
+            .run()
+            .expect_error("usage");
+    }
+}
