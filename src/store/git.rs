@@ -458,6 +458,8 @@ enum Pushed {
 #[derive(Debug, Clone)]
 pub struct GitStore {
     config: GitConfig,
+    /// Whether ssh needs `BatchMode` from us (decided once, on first use).
+    batch_ssh: std::sync::OnceLock<bool>,
 }
 
 impl GitStore {
@@ -466,15 +468,16 @@ impl GitStore {
     /// # Errors
     /// See [`GitConfig::parse`].
     pub fn new(url: &str, cwd: &Path) -> Result<Self> {
-        Ok(Self {
-            config: GitConfig::parse(url, cwd)?,
-        })
+        Ok(Self::from_config(GitConfig::parse(url, cwd)?))
     }
 
     /// The store for a parsed configuration.
     #[must_use]
     pub fn from_config(config: GitConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            batch_ssh: std::sync::OnceLock::new(),
+        }
     }
 
     /// The clock-skew allowance, seconds.
@@ -528,7 +531,7 @@ impl GitStore {
         let mut cmd = git_command();
         cmd.arg("--git-dir").arg(&self.config.cache);
         cmd.current_dir(self.config.cache.parent().unwrap_or(Path::new("/")));
-        if self.needs_batch_ssh() {
+        if *self.batch_ssh.get_or_init(|| self.needs_batch_ssh()) {
             cmd.env("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
         }
         Ok(cmd)
