@@ -253,6 +253,7 @@ fn about(key: &LockKey, store: &impl Store) -> Report {
         skill: Some(key.skill().to_owned()),
         repo: Some(key.repo().to_owned()),
         lock: Some(store.location(key)),
+        clock_skew: store.clock_skew(),
         ..Report::default()
     }
 }

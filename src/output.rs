@@ -125,6 +125,9 @@ pub struct Report {
     /// The `release --force` command line for a holder known to be dead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
+    /// Seconds a takeover waits past another host's `expires` (git store).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_skew: Option<u64>,
     /// Where `list` looked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store: Option<String>,

@@ -316,6 +316,7 @@ fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance
     let held = held.expect(3, "already_running");
     let left = held["expires_in"].as_u64().unwrap();
     assert!((20..=26).contains(&left), "{held}");
+    assert_eq!(held["clock_skew"], 30, "the allowance is reported");
     let s = remote
         .cmd(&cwd)
         .args(["status", "s", "--repo", "o/r"])
@@ -331,6 +332,7 @@ fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance
         .run();
     let took = took.expect(0, "acquired");
     assert_eq!(took["took_over"]["reason"], "expired");
+    assert_eq!(took["clock_skew"], 2);
     assert_eq!(took["took_over"]["holder"]["note"], "laptop");
     assert_eq!(took["fence"], 42);
     // Past the default allowance, the default takes over too.

@@ -480,12 +480,6 @@ impl GitStore {
         }
     }
 
-    /// The clock-skew allowance, seconds.
-    #[must_use]
-    pub fn clock_skew(&self) -> u64 {
-        self.config.clock_skew
-    }
-
     fn ns_prefix(&self, base: &str) -> String {
         match &self.config.namespace {
             Some(ns) => format!("{base}{ns}/"),
@@ -1000,6 +994,10 @@ impl Store for GitStore {
 
     fn location(&self, key: &LockKey) -> String {
         self.lock_ref(key)
+    }
+
+    fn clock_skew(&self) -> Option<u64> {
+        Some(self.config.clock_skew)
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {

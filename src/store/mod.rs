@@ -161,6 +161,13 @@ pub trait Store {
     /// # Errors
     /// I/O or network failure.
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>>;
+
+    /// Seconds a takeover waits past `expires` judged by this host's wall
+    /// clock, for stores whose expiry hosts judge with clocks of their own
+    /// (git); `None` where no such allowance applies.
+    fn clock_skew(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The store chosen for an invocation (SPEC §8).
@@ -213,5 +220,9 @@ impl Store for AnyStore {
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
         each_store!(self, s => s.history(key, limit))
+    }
+
+    fn clock_skew(&self) -> Option<u64> {
+        each_store!(self, s => s.clock_skew())
     }
 }
