@@ -385,19 +385,19 @@ fn run(
             }
         }
     };
-    let mut pause = Duration::from_micros(500);
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break s;
-        }
-        let now = Instant::now();
-        if now >= deadline {
+    // A waiter thread reaps the child; this one waits for it or the deadline.
+    let (tx_done, rx_done) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx_done.send(child.wait());
+    });
+    let left = deadline.saturating_duration_since(Instant::now());
+    let status = match rx_done.recv_timeout(left) {
+        Ok(status) => status?,
+        Err(_) => {
             kill();
-            let _ = child.wait();
+            let _ = rx_done.recv();
             return Ok(None);
         }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(10));
     };
     // A helper left behind (an ssh control master) may hold the pipes open:
     // wait for them only until the deadline.
