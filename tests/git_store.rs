@@ -46,6 +46,14 @@ impl Remote {
             .env("SKILL_LOCK_STORE", &self.url)
             .env("SKILL_LOCK_GIT_CACHE", &self.cache)
     }
+
+    /// As on another machine: a cache of its own.
+    fn cmd_on(&self, cwd: &Path, machine: usize) -> Cmd {
+        self.cmd(cwd).env(
+            "SKILL_LOCK_GIT_CACHE",
+            self.cache.with_extension(machine.to_string()),
+        )
+    }
 }
 
 fn git_out(dir: &Path, args: &[&str]) -> String {
@@ -61,10 +69,11 @@ fn git_out(dir: &Path, args: &[&str]) -> String {
 }
 
 fn race(remote: &Remote, cwd: &Path, n: usize) -> Vec<common::Out> {
+    // Four "machines", four processes each: fetches and cache creation race too.
     let kids: Vec<_> = (0..n)
-        .map(|_| {
+        .map(|i| {
             remote
-                .cmd(cwd)
+                .cmd_on(cwd, i % 4)
                 .args(["acquire", "race", "--repo", "o/r", "--ttl", "60"])
                 .command()
                 .stdout(Stdio::piped())
@@ -104,7 +113,7 @@ fn sixteen_racers_on_a_free_and_on_a_stale_lock_one_winner_each() {
         assert!(first["took_over"].is_null());
         // Make it stale: a 1 s lease, renewed by its own token, then let it run out.
         remote
-            .cmd(&cwd)
+            .cmd_on(&cwd, 9)
             .args(["renew", "race", "--repo", "o/r", "--ttl", "1"])
             .args(["--token", first["token"].as_str().unwrap()])
             .run()
@@ -138,7 +147,7 @@ fn witnessed_loop_never_overlaps_and_fences_strictly_increase() {
             std::thread::spawn(move || {
                 for _ in 0..5 {
                     let a = remote
-                        .cmd(&cwd)
+                        .cmd_on(&cwd, w)
                         .args(["acquire", "loop", "--repo", "o/r", "--ttl", "60"])
                         .args(["--wait", "60"])
                         .run();
@@ -152,7 +161,7 @@ fn witnessed_loop_never_overlaps_and_fences_strictly_increase() {
                     assert_eq!(std::fs::read_to_string(&witness).unwrap(), me);
                     std::fs::write(&witness, "").unwrap();
                     remote
-                        .cmd(&cwd)
+                        .cmd_on(&cwd, w)
                         .args(["release", "loop", "--repo", "o/r", "--token"])
                         .arg(a["token"].as_str().unwrap())
                         .run()
@@ -510,4 +519,68 @@ fn a_bad_store_url_is_a_usage_error() {
             .run()
             .expect_error("usage");
     }
+}
+
+#[test]
+fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::daemon(&env);
+    let mine = remote
+        .cmd_on(&cwd, 1)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let mine = mine.expect(0, "acquired").clone();
+    let t = mine["token"].as_str().unwrap().to_owned();
+    // Another machine forces it away and takes it.
+    remote
+        .cmd_on(&cwd, 2)
+        .args(["release", "s", "--repo", "o/r", "--force"])
+        .run()
+        .expect(0, "released");
+    let theirs = remote
+        .cmd_on(&cwd, 2)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let theirs = theirs.expect(0, "acquired").clone();
+    // This machine still remembers its own commit as the tip: no effect.
+    let r = remote
+        .cmd_on(&cwd, 1)
+        .args(["renew", "s", "--repo", "o/r", "--token", &t])
+        .run();
+    assert_eq!(r.expect(4, "not_owner")["holder"]["fence"], theirs["fence"]);
+    remote
+        .cmd_on(&cwd, 1)
+        .args(["release", "s", "--repo", "o/r", "--token", &t])
+        .run()
+        .expect(4, "refused");
+    remote
+        .cmd_on(&cwd, 1)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run()
+        .expect(3, "already_running");
+    remote
+        .cmd_on(&cwd, 2)
+        .args(["check", "s", "--repo", "o/r", "--token"])
+        .arg(theirs["token"].as_str().unwrap())
+        .run()
+        .expect(0, "held");
+    // The holder's own renew and release still work (and use what it wrote).
+    remote
+        .cmd_on(&cwd, 2)
+        .args(["renew", "s", "--repo", "o/r", "--token"])
+        .arg(theirs["token"].as_str().unwrap())
+        .run()
+        .expect(0, "renewed");
+    remote
+        .cmd_on(&cwd, 2)
+        .args(["release", "s", "--repo", "o/r", "--token"])
+        .arg(theirs["token"].as_str().unwrap())
+        .run()
+        .expect(0, "released");
+    let again = remote
+        .cmd_on(&cwd, 1)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    assert!(again.expect(0, "acquired")["fence"].as_u64() > theirs["fence"].as_u64());
 }

@@ -307,6 +307,12 @@ fn git_command() -> Command {
         "push.gpgSign=false",
         "-c",
         "gc.auto=0",
+        // Fetched objects stay in one pack, which appears whole: a process
+        // sharing the cache never sees a commit without its tree and blob.
+        "-c",
+        "fetch.unpackLimit=1",
+        "-c",
+        "transfer.unpackLimit=1",
         "-c",
         "maintenance.auto=false",
     ]);
@@ -708,21 +714,31 @@ impl GitStore {
     }
 
     /// Interprets a state file.
-    fn interpret(&self, oid: &str, body: Option<Vec<u8>>) -> Result<Seen> {
-        let corrupt = |why: String, fence: Option<u64>, depth: u64| Seen {
-            oid: Some(oid.to_owned()),
-            current: Current::Corrupt(why),
-            fence,
-            depth,
-            chainable: fence.is_some(),
+    /// `None`: the commit's objects are not all in the cache (yet); never
+    /// judged corrupt for that.
+    fn interpret(&self, oid: &str, body: Option<Vec<u8>>) -> Result<Option<Seen>> {
+        let corrupt = |why: String, fence: Option<u64>, depth: u64| {
+            Some(Seen {
+                oid: Some(oid.to_owned()),
+                current: Current::Corrupt(why),
+                fence,
+                depth,
+                chainable: fence.is_some(),
+            })
         };
         let Some(body) = body else {
-            let is_commit = self.is_commit(oid)?;
-            let fence = if is_commit {
-                self.recover_fence(oid)?
-            } else {
-                None
-            };
+            if !self.is_commit(oid)? {
+                return Ok(None);
+            }
+            // The state file is absent only if the tree is readable and lacks it.
+            let tree = self.local(&["ls-tree", "--name-only", oid], None)?;
+            let listed = String::from_utf8_lossy(&tree.stdout)
+                .lines()
+                .any(|l| l == STATE_FILE);
+            if !tree.ok() || listed {
+                return Ok(None);
+            }
+            let fence = self.recover_fence(oid)?;
             return Ok(corrupt(
                 format!("the lock ref's commit {oid} holds no {STATE_FILE}"),
                 fence,
@@ -757,13 +773,13 @@ impl GitStore {
             }
             (other, _) => Current::Corrupt(format!("unknown lock state {other:?}")),
         };
-        Ok(Seen {
+        Ok(Some(Seen {
             oid: Some(oid.to_owned()),
             current,
             fence: Some(state.fence),
             depth: state.depth,
             chainable: true,
-        })
+        }))
     }
 
     /// The newest fence readable in the ancestors of an unreadable state.
@@ -786,6 +802,7 @@ impl GitStore {
     /// Reads one lock: one ls-remote, and a fetch only when the commit is new here.
     fn read_seen(&self, key: &LockKey, deadline: Instant) -> Result<Seen> {
         let r = self.lock_ref(key);
+        let mut fetched = false;
         loop {
             let refs = self.ls_remote(std::slice::from_ref(&r), &r, deadline)?;
             let Some(oid) = refs.get(&r).cloned() else {
@@ -800,6 +817,7 @@ impl GitStore {
             let mut body = self.read_states(&[oid.as_str()])?.pop().flatten();
             if body.is_none() && !self.is_commit(&oid)? {
                 self.fetch(&[(r.clone(), oid.clone())], deadline)?;
+                fetched = true;
                 if !self.is_commit(&oid)? {
                     // The ref moved between the two calls, or points at no commit.
                     if Instant::now() >= deadline {
@@ -822,7 +840,23 @@ impl GitStore {
                 }
                 body = self.read_states(&[oid.as_str()])?.pop().flatten();
             }
-            return self.interpret(&oid, body);
+            if let Some(seen) = self.interpret(&oid, body)? {
+                return Ok(seen);
+            }
+            // The commit is here but not all of its objects: another process
+            // may still be writing them, or a killed fetch left them out.
+            if Instant::now() >= deadline {
+                return Err(self.unavailable(&format!(
+                    "the objects of {oid} stay incomplete in the cache {}",
+                    self.config.cache.display()
+                )));
+            }
+            if fetched {
+                std::thread::sleep(Duration::from_millis(20));
+            } else {
+                self.fetch(&[(r.clone(), oid.clone())], deadline)?;
+            }
+            fetched = !fetched;
         }
     }
 
@@ -1017,6 +1051,20 @@ impl Store for GitStore {
         let r = self.lock_ref(key);
         let mut pending: Vec<Pending<T>> = Vec::new();
         let mut unknown_why = None;
+        // The ref as this host last wrote it: deciding on it and pushing with
+        // it as the lease saves the read when nobody changed the lock since
+        // (renew, release). A decision to change nothing is not trusted on
+        // this view: it is made again on a fresh read.
+        if let Some(seen) = self.remembered(&r)? {
+            match self.attempt(key, &r, &seen, decide, push_deadline, true)? {
+                Step::Done(c) => return Ok(c),
+                Step::Again => {}
+                Step::Unknown(p, why) => {
+                    unknown_why = Some(why);
+                    pending.push(p);
+                }
+            }
+        }
         loop {
             let seen = match self.read_seen(key, deadline) {
                 Ok(s) => s,
@@ -1032,6 +1080,7 @@ impl Store for GitStore {
                 for i in 0..pending.len() {
                     if self.contains(tip, &pending[i].commit)? {
                         let p = pending.swap_remove(i);
+                        self.remember(&r, Some(&p.commit));
                         return Ok(Committed {
                             value: p.value,
                             written: p.written,
@@ -1050,118 +1099,12 @@ impl Store for GitStore {
                     ))
                 });
             }
-            let view = self.view(&seen.current);
-            let Decision {
-                change,
-                mut events,
-                value,
-            } = decide(&view)?;
-            let raw_holder = match &seen.current {
-                Current::Held(rec) => Some(rec.holder.clone()),
-                _ => None,
-            };
-            let view_holder = match &view {
-                Current::Held(rec) => Some(rec.holder.clone()),
-                _ => None,
-            };
-            // History shows the holder as stored, not as shifted for judging.
-            for ev in &mut events {
-                if ev.previous.is_some() && ev.previous == view_holder {
-                    ev.previous.clone_from(&raw_holder);
-                }
-            }
-            let known_fence = || {
-                seen.fence.ok_or_else(|| {
-                    Error::Io {
-                        action: "read the last fence of",
-                        path: PathBuf::from(&r),
-                        source: std::io::Error::other(
-                            "the lock's state and its recent history are unreadable, so a new fence could repeat one; remove the ref with `git push REMOTE :REF` as an operator",
-                        ),
-                    }
-                })
-            };
-            let (state, written, what) = match change {
-                Change::Keep => {
-                    // Only refusals carry events here; keep them when a record is there.
-                    let Current::Held(rec) = &seen.current else {
-                        return Ok(Committed {
-                            value,
-                            written: None,
-                        });
-                    };
-                    if events.is_empty() {
-                        return Ok(Committed {
-                            value,
-                            written: None,
-                        });
-                    }
-                    (
-                        held_state(rec, seen.fence.unwrap_or(rec.holder.fence), seen.depth)?,
-                        None,
-                        "refused",
-                    )
-                }
-                Change::Create(mut rec) | Change::Takeover(mut rec) => {
-                    let fence = known_fence()?
-                        .checked_add(1)
-                        .ok_or_else(|| Error::Internal("the fence would overflow".into()))?;
-                    rec.holder.fence = fence;
-                    for ev in &mut events {
-                        if ev.fence.is_none() {
-                            ev.fence = Some(fence);
-                        }
-                    }
-                    (held_state(&rec, fence, seen.depth)?, Some(rec), "acquired")
-                }
-                Change::Rewrite(mut rec) => {
-                    let fence = seen.fence.unwrap_or(rec.holder.fence);
-                    rec.holder.fence = fence;
-                    (held_state(&rec, fence, seen.depth)?, Some(rec), "renewed")
-                }
-                Change::Delete => {
-                    let fence = known_fence()?;
-                    (
-                        StateFile {
-                            format: STATE_FORMAT,
-                            state: "free".into(),
-                            fence,
-                            depth: seen.depth + 1,
-                            record: None,
-                        },
-                        None,
-                        "released",
-                    )
-                }
-            };
-            let mut state = state;
-            let roll = !seen.chainable || seen.depth >= ROLL_DEPTH;
-            let parent = if roll { None } else { seen.oid.as_deref() };
-            if roll {
-                state.depth = 1;
-            }
-            let msg = message(key, what, state.fence, &events)?;
-            let commit = self.make_commit(&state, parent, &msg)?;
-            let archive_ref = self.archive_ref(&key.name());
-            let archive = match (&seen.oid, roll && seen.chainable) {
-                (Some(old), true) => Some((old.as_str(), archive_ref.as_str())),
-                _ => None,
-            };
-            match self.push(&r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
-                Pushed::Done => return Ok(Committed { value, written }),
-                Pushed::Lost => {}
-                Pushed::Refused(why) => {
-                    return Err(self.unavailable(&format!(
-                        "the remote refused the update of {r}: {why}; check that you may push refs under {REF_PREFIX}"
-                    )));
-                }
-                Pushed::Unknown(why) => {
+            match self.attempt(key, &r, &seen, decide, push_deadline, false)? {
+                Step::Done(c) => return Ok(c),
+                Step::Again => {}
+                Step::Unknown(p, why) => {
                     unknown_why = Some(why);
-                    pending.push(Pending {
-                        commit,
-                        value,
-                        written,
-                    });
+                    pending.push(p);
                 }
             }
         }
@@ -1191,7 +1134,10 @@ impl Store for GitStore {
         let bodies = self.read_states(&oids)?;
         let mut locks = Vec::new();
         for ((key, r, oid), body) in named.iter().zip(bodies) {
-            let seen = self.interpret(oid, body)?;
+            let seen = match self.interpret(oid, body)? {
+                Some(seen) => seen,
+                None => self.read_seen(key, deadline)?,
+            };
             if seen.current == Current::Free {
                 continue;
             }
@@ -1249,6 +1195,193 @@ impl Store for GitStore {
         all.sort_by_key(|e| e.time);
         let skip = all.len().saturating_sub(limit);
         Ok(all.split_off(skip))
+    }
+}
+
+/// What one decide-and-push attempt came to.
+enum Step<T> {
+    /// Applied (or nothing to apply).
+    Done(Committed<T>),
+    /// Lost a race (or a guess was wrong): read and decide again.
+    Again,
+    /// The push's outcome is unknown.
+    Unknown(Pending<T>, String),
+}
+
+impl GitStore {
+    /// The state this host last wrote to `r`, when it is still in the cache.
+    fn remembered(&self, r: &str) -> Result<Option<Seen>> {
+        let Some(oid) = std::fs::read_to_string(self.tip_file(r))
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| t.len() >= 40 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+        else {
+            return Ok(None);
+        };
+        let Some(body) = self.read_states(&[oid.as_str()])?.pop().flatten() else {
+            return Ok(None);
+        };
+        let seen = self.interpret(&oid, Some(body))?;
+        Ok(seen.filter(|s| matches!(s.current, Current::Free | Current::Held(_))))
+    }
+
+    fn tip_file(&self, r: &str) -> PathBuf {
+        let h = crate::record::hash_token(&format!("{}\n{r}", self.config.remote));
+        self.config.cache.join("skill-lock-tips").join(&h[..32])
+    }
+
+    /// Remembers (or forgets) the commit this host last pushed to `r`.
+    /// Best effort: a lost note only costs the read it would have saved.
+    fn remember(&self, r: &str, oid: Option<&str>) {
+        let file = self.tip_file(r);
+        let Some(oid) = oid else {
+            let _ = std::fs::remove_file(&file);
+            return;
+        };
+        let Some(dir) = file.parent() else { return };
+        let _ = std::fs::create_dir_all(dir);
+        let tmp = dir.join(format!(".{}", random_suffix()));
+        if std::fs::write(&tmp, oid).is_ok() && std::fs::rename(&tmp, &file).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+
+    /// Decides on `seen` and pushes the change with `seen` as the lease.
+    /// `guess`: `seen` was not read from the remote, so a decision to change
+    /// nothing proves nothing and a lost race is no news.
+    fn attempt<T>(
+        &self,
+        key: &LockKey,
+        r: &str,
+        seen: &Seen,
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
+        push_deadline: Instant,
+        guess: bool,
+    ) -> Result<Step<T>> {
+        let view = self.view(&seen.current);
+        let Decision {
+            change,
+            mut events,
+            value,
+        } = decide(&view)?;
+        let raw_holder = match &seen.current {
+            Current::Held(rec) => Some(rec.holder.clone()),
+            _ => None,
+        };
+        let view_holder = match &view {
+            Current::Held(rec) => Some(rec.holder.clone()),
+            _ => None,
+        };
+        // History shows the holder as stored, not as shifted for judging.
+        for ev in &mut events {
+            if ev.previous.is_some() && ev.previous == view_holder {
+                ev.previous.clone_from(&raw_holder);
+            }
+        }
+        let known_fence = || {
+            seen.fence.ok_or_else(|| {
+                Error::Io {
+                    action: "read the last fence of",
+                    path: PathBuf::from(&r),
+                    source: std::io::Error::other(
+                        "the lock's state and its recent history are unreadable, so a new fence could repeat one; remove the ref with `git push REMOTE :REF` as an operator",
+                    ),
+                }
+            })
+        };
+        let (state, written, what) = match change {
+            Change::Keep => {
+                // Only refusals carry events here; keep them when a record is there.
+                let done = |value| {
+                    Ok(if guess {
+                        Step::Again
+                    } else {
+                        Step::Done(Committed {
+                            value,
+                            written: None,
+                        })
+                    })
+                };
+                let Current::Held(rec) = &seen.current else {
+                    return done(value);
+                };
+                if events.is_empty() {
+                    return done(value);
+                }
+                (
+                    held_state(rec, seen.fence.unwrap_or(rec.holder.fence), seen.depth)?,
+                    None,
+                    "refused",
+                )
+            }
+            Change::Create(mut rec) | Change::Takeover(mut rec) => {
+                let fence = known_fence()?
+                    .checked_add(1)
+                    .ok_or_else(|| Error::Internal("the fence would overflow".into()))?;
+                rec.holder.fence = fence;
+                for ev in &mut events {
+                    if ev.fence.is_none() {
+                        ev.fence = Some(fence);
+                    }
+                }
+                (held_state(&rec, fence, seen.depth)?, Some(rec), "acquired")
+            }
+            Change::Rewrite(mut rec) => {
+                let fence = seen.fence.unwrap_or(rec.holder.fence);
+                rec.holder.fence = fence;
+                (held_state(&rec, fence, seen.depth)?, Some(rec), "renewed")
+            }
+            Change::Delete => {
+                let fence = known_fence()?;
+                (
+                    StateFile {
+                        format: STATE_FORMAT,
+                        state: "free".into(),
+                        fence,
+                        depth: seen.depth + 1,
+                        record: None,
+                    },
+                    None,
+                    "released",
+                )
+            }
+        };
+        let mut state = state;
+        let roll = !seen.chainable || seen.depth >= ROLL_DEPTH;
+        let parent = if roll { None } else { seen.oid.as_deref() };
+        if roll {
+            state.depth = 1;
+        }
+        let msg = message(key, what, state.fence, &events)?;
+        let commit = self.make_commit(&state, parent, &msg)?;
+        let archive_ref = self.archive_ref(&key.name());
+        let archive = match (&seen.oid, roll && seen.chainable) {
+            (Some(old), true) => Some((old.as_str(), archive_ref.as_str())),
+            _ => None,
+        };
+        match self.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
+            Pushed::Done => {
+                self.remember(r, Some(&commit));
+                Ok(Step::Done(Committed { value, written }))
+            }
+            Pushed::Lost => {
+                if guess {
+                    self.remember(r, None);
+                }
+                Ok(Step::Again)
+            }
+            Pushed::Refused(why) => Err(self.unavailable(&format!(
+                "the remote refused the update of {r}: {why}; check that you may push refs under {REF_PREFIX}"
+            ))),
+            Pushed::Unknown(why) => Ok(Step::Unknown(
+                Pending {
+                    commit,
+                    value,
+                    written,
+                },
+                why,
+            )),
+        }
     }
 }
 
