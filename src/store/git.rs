@@ -31,7 +31,10 @@
 //! [`GitConfig::parse`]) with `git hash-object`, `mktree` and `commit-tree`,
 //! which are safe for concurrent processes, and pushed from there. A read is
 //! one `git ls-remote`, plus a `git fetch` only when the commit is not in the
-//! cache yet (a lock this host changed last is never fetched).
+//! cache yet (a lock this host changed last is never fetched). A change on a
+//! lock this host wrote last is first decided on what it wrote and pushed with
+//! that as the lease, saving the read; a wrong guess is rejected by the
+//! server, and a guess that changes nothing is never trusted.
 //!
 //! Expiry is judged by this host's wall clock (a record from this boot of
 //! this host: by its boot-time clock, as in the file store), and a record
