@@ -584,3 +584,69 @@ fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() 
         .run();
     assert!(again.expect(0, "acquired")["fence"].as_u64() > theirs["fence"].as_u64());
 }
+
+#[test]
+fn history_is_the_refs_log_bounded_by_a_new_root_and_one_archived_chain() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::file(&env);
+    let dir = env.path("remote.git");
+    let mut fences = Vec::new();
+    for _ in 0..7 {
+        let a = remote
+            .cmd(&cwd)
+            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "4")
+            .args(["acquire", "s", "--repo", "o/r"])
+            .run();
+        fences.push(a.expect(0, "acquired")["fence"].as_u64().unwrap());
+        remote
+            .cmd(&cwd)
+            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "4")
+            .args(["release", "s", "--repo", "o/r"])
+            .run()
+            .expect(0, "released");
+    }
+    assert_eq!(fences, [1, 2, 3, 4, 5, 6, 7], "fences survive new roots");
+    // 14 commits with a depth of 4: the tip's chain and the archived one are short.
+    let count = |r: &str| {
+        git_out(&dir, &["rev-list", "--count", r])
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    let tip = count("refs/skill-lock/s@o__r");
+    let archived = count("refs/skill-lock-archive/s@o__r");
+    assert!((1..=4).contains(&tip) && archived == 4, "{tip} {archived}");
+    // history reads both chains, oldest first.
+    let h = remote
+        .cmd(&cwd)
+        .args(["history", "s", "--repo", "o/r", "--limit", "100"])
+        .run();
+    let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
+    assert_eq!(events.len() as u32, tip + archived);
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last["event"].as_str(), last["fence"].as_u64()),
+        (Some("released"), Some(7))
+    );
+    let acquired: Vec<u64> = events
+        .iter()
+        .filter(|e| e["event"] == "acquired")
+        .map(|e| e["fence"].as_u64().unwrap())
+        .collect();
+    assert!(
+        acquired.windows(2).all(|p| p[1] == p[0] + 1),
+        "{acquired:?}"
+    );
+    // A fresh cache (another machine) reads the same history.
+    let other = remote
+        .cmd_on(&cwd, 5)
+        .args(["history", "--limit", "3"])
+        .run();
+    let e = other.expect(0, "history")["events"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(e.len(), 3);
+    assert_eq!(e[2]["fence"], 7);
+}

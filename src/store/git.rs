@@ -67,7 +67,8 @@ pub const DEFAULT_CLOCK_SKEW: u64 = 30;
 /// Largest clock-skew allowance accepted, seconds (it must stay well inside
 /// the slack that tells an impossible lease from a long one).
 pub const MAX_CLOCK_SKEW: u64 = 120;
-/// Commits in a lock's chain before a change starts a new root commit.
+/// Commits in a lock's chain before a change starts a new root commit
+/// (default of `SKILL_LOCK_GIT_HISTORY_DEPTH`).
 pub const ROLL_DEPTH: u64 = 5000;
 /// Where lock refs live on the remote.
 pub const REF_PREFIX: &str = "refs/skill-lock/";
@@ -92,6 +93,8 @@ pub struct GitConfig {
     pub clock_skew: u64,
     /// The private bare repository objects are made in and fetched into.
     pub cache: PathBuf,
+    /// Commits in a lock's chain before a new root (`SKILL_LOCK_GIT_HISTORY_DEPTH`).
+    pub history_depth: u64,
 }
 
 fn env(k: &str) -> Option<String> {
@@ -218,8 +221,21 @@ impl GitConfig {
             // Whole seconds, rounded up: rounding favours the holder.
             |s| s.ceil() as u64,
         );
+        let history_depth = match env("SKILL_LOCK_GIT_HISTORY_DEPTH") {
+            None => ROLL_DEPTH,
+            Some(t) => t
+                .parse::<u64>()
+                .ok()
+                .filter(|d| (2..=1_000_000).contains(d))
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "SKILL_LOCK_GIT_HISTORY_DEPTH={t:?}: give a whole number of commits, 2 to 1000000"
+                    ))
+                })?,
+        };
         let remote = resolve_remote(remote, cwd, url)?;
         Ok(Self {
+            history_depth,
             url: url.to_owned(),
             remote,
             namespace,
@@ -1350,7 +1366,7 @@ impl GitStore {
             }
         };
         let mut state = state;
-        let roll = !seen.chainable || seen.depth >= ROLL_DEPTH;
+        let roll = !seen.chainable || seen.depth >= self.config.history_depth;
         let parent = if roll { None } else { seen.oid.as_deref() };
         if roll {
             state.depth = 1;
