@@ -657,10 +657,12 @@ impl GitStore {
         Ok(refs)
     }
 
-    /// Fetches `refs` into the cache; true when every wanted oid is local after.
-    fn fetch(&self, wanted: &[(String, String)], deadline: Instant) -> Result<()> {
+    /// Fetches `refs` into the cache. `Some(why)`: git failed (the caller
+    /// checks whether the objects it needs arrived anyway: concurrent fetches
+    /// may only fail to update the cache ref).
+    fn fetch(&self, wanted: &[(String, String)], deadline: Instant) -> Result<Option<String>> {
         if wanted.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let specs: Vec<String> = wanted
             .iter()
@@ -678,14 +680,8 @@ impl GitStore {
         args.extend(specs.iter().map(String::as_str));
         match self.remote_cmd(&args, deadline)? {
             None => Err(self.unavailable("no answer in time")),
-            // Concurrent fetches may fail to update the cache ref; what
-            // matters is whether the objects arrived (checked by the caller).
-            Some(out)
-                if !out.ok() && out.stderr.contains("fatal") && !out.stderr.contains("ref") =>
-            {
-                Err(self.unavailable(&format!("git fetch failed: {}", out.stderr.trim())))
-            }
-            Some(_) => Ok(()),
+            Some(out) if out.ok() => Ok(None),
+            Some(out) => Ok(Some(out.stderr.trim().to_owned())),
         }
     }
 
@@ -835,9 +831,12 @@ impl GitStore {
             };
             let mut body = self.read_states(&[oid.as_str()])?.pop().flatten();
             if body.is_none() && !self.is_commit(&oid)? {
-                self.fetch(&[(r.clone(), oid.clone())], deadline)?;
+                let failed = self.fetch(&[(r.clone(), oid.clone())], deadline)?;
                 fetched = true;
                 if !self.is_commit(&oid)? {
+                    if let Some(why) = failed.filter(|w| !w.contains("couldn't find remote ref")) {
+                        return Err(self.unavailable(&format!("git fetch failed: {why}")));
+                    }
                     // The ref moved between the two calls, or points at no commit.
                     if Instant::now() >= deadline {
                         return Err(
@@ -873,7 +872,7 @@ impl GitStore {
             if fetched {
                 std::thread::sleep(Duration::from_millis(20));
             } else {
-                self.fetch(&[(r.clone(), oid.clone())], deadline)?;
+                let _ = self.fetch(&[(r.clone(), oid.clone())], deadline)?;
             }
             fetched = !fetched;
         }
@@ -1425,7 +1424,9 @@ impl GitStore {
                 missing.push((r, oid));
             }
         }
-        self.fetch(&missing, deadline)
+        // What did not arrive is read lock by lock, with its own error.
+        let _ = self.fetch(&missing, deadline)?;
+        Ok(())
     }
 
     /// The newest `limit` events in the chain ending at `tip`, oldest first.
