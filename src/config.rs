@@ -121,7 +121,7 @@ fn from_url(
         }
         if url.starts_with("git:") {
             let store = AnyStore::Git(crate::store::git::GitStore::new(url, cwd)?);
-            let url = Some(url.to_owned());
+            let url = Some(crate::store::git::redact(url)); // never print credentials
             return Ok(StoreChoice {
                 store,
                 source,

@@ -463,7 +463,11 @@ fn a_remote_that_hangs_or_refuses_is_store_unavailable_within_the_bound() {
     for (url, bound) in [
         (format!("git:git://127.0.0.1:{port}/x.git"), 2.0),
         (format!("git:git://127.0.0.1:{}/x.git", port + 1), 2.0),
-        (format!("git:http://127.0.0.1:{port}/x.git"), 2.0),
+        (format!("git:http://u:s3cret@127.0.0.1:{port}/x.git"), 2.0),
+        (
+            format!("git:http://u:s3cret@127.0.0.1:{}/x.git", port + 1),
+            2.0,
+        ),
         (
             format!("git:file://{}/missing.git", env.root.display()),
             2.0,
@@ -478,6 +482,11 @@ fn a_remote_that_hangs_or_refuses_is_store_unavailable_within_the_bound() {
             .run();
         let took = start.elapsed();
         let e = out.expect_error("store_unavailable");
+        assert!(
+            !out.stdout.contains("s3cret") && !out.stderr.contains("s3cret"),
+            "a credential was printed: {}",
+            out.stdout
+        );
         assert!(
             took < Duration::from_secs_f64(bound + 2.0),
             "{url}: took {took:?}"

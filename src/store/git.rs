@@ -586,6 +586,19 @@ impl GitStore {
             .mode_0700()
             .create(parent)
             .map_err(|e| Error::io("create", parent, e))?;
+        // Under a shared temporary directory, only a directory of our own will do.
+        if parent.starts_with(std::env::temp_dir()) {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let meta = std::fs::metadata(parent).map_err(|e| Error::io("inspect", parent, e))?;
+            if meta.uid() != uid || meta.mode() & 0o022 != 0 {
+                return Err(self.cache_error(&format!(
+                    "{} belongs to someone else or is writable by others; set SKILL_LOCK_GIT_CACHE to a directory of your own",
+                    parent.display()
+                )));
+            }
+        }
         let tmp = parent.join(format!(".git-init-{}", random_suffix()));
         let mut cmd = git_command();
         cmd.args(["init", "--bare", "-q"]).arg(&tmp);
