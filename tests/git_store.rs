@@ -595,58 +595,72 @@ fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() 
 }
 
 #[test]
-fn history_is_the_refs_log_bounded_by_a_new_root_and_one_archived_chain() {
+fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
     let remote = Remote::file(&env);
     let dir = env.path("remote.git");
     let mut fences = Vec::new();
-    for _ in 0..7 {
+    // 13 acquire/release cycles, 26 commits, chains of 2: 12 roll-overs.
+    for _ in 0..13 {
         let a = remote
             .cmd(&cwd)
-            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "4")
+            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
             .args(["acquire", "s", "--repo", "o/r"])
             .run();
         fences.push(a.expect(0, "acquired")["fence"].as_u64().unwrap());
         remote
             .cmd(&cwd)
-            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "4")
+            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
             .args(["release", "s", "--repo", "o/r"])
             .run()
             .expect(0, "released");
     }
-    assert_eq!(fences, [1, 2, 3, 4, 5, 6, 7], "fences survive new roots");
-    // 14 commits with a depth of 4: the tip's chain and the archived one are short.
+    assert_eq!(
+        fences,
+        (1..=13).collect::<Vec<u64>>(),
+        "fences survive new roots"
+    );
     let count = |r: &str| {
         git_out(&dir, &["rev-list", "--count", r])
             .trim()
-            .parse::<u32>()
+            .parse::<usize>()
             .unwrap()
     };
-    let tip = count("refs/skill-lock/s@o__r");
-    let archived = count("refs/skill-lock-archive/s@o__r");
-    assert!((1..=4).contains(&tip) && archived == 4, "{tip} {archived}");
-    // history reads both chains, oldest first.
+    // A fetch of the lock brings its short chain only.
+    assert_eq!(count("refs/skill-lock/s@o__r"), 2);
+    let archives = git_out(
+        &dir,
+        &[
+            "for-each-ref",
+            "--format=%(refname)",
+            "refs/skill-lock-archive/",
+        ],
+    );
+    assert_eq!(archives.lines().count(), 10, "{archives}");
+    for a in archives.lines() {
+        assert_eq!(count(a), 2, "{a}");
+    }
+    // history reads the live chain and the ten archived ones, oldest first:
+    // the 22 newest of the 26 events.
     let h = remote
         .cmd(&cwd)
         .args(["history", "s", "--repo", "o/r", "--limit", "100"])
         .run();
     let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
-    assert_eq!(events.len() as u32, tip + archived);
-    let last = events.last().unwrap();
-    assert_eq!(
-        (last["event"].as_str(), last["fence"].as_u64()),
-        (Some("released"), Some(7))
-    );
-    let acquired: Vec<u64> = events
+    let seq: Vec<(String, u64)> = events
         .iter()
-        .filter(|e| e["event"] == "acquired")
-        .map(|e| e["fence"].as_u64().unwrap())
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap().to_owned(),
+                e["fence"].as_u64().unwrap(),
+            )
+        })
         .collect();
-    assert!(
-        acquired.windows(2).all(|p| p[1] == p[0] + 1),
-        "{acquired:?}"
-    );
+    let want: Vec<(String, u64)> = (3..=13)
+        .flat_map(|f| [("acquired".to_owned(), f), ("released".to_owned(), f)])
+        .collect();
+    assert_eq!(seq, want);
     // A fresh cache (another machine) reads the same history.
     let other = remote
         .cmd_on(&cwd, 5)
@@ -657,5 +671,8 @@ fn history_is_the_refs_log_bounded_by_a_new_root_and_one_archived_chain() {
         .unwrap()
         .clone();
     assert_eq!(e.len(), 3);
-    assert_eq!(e[2]["fence"], 7);
+    assert_eq!(
+        (e[0]["fence"].as_u64(), e[2]["fence"].as_u64()),
+        (Some(12), Some(13))
+    );
 }

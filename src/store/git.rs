@@ -5,18 +5,19 @@
 //! the remote. It points at a commit whose tree holds one file, `lock.json`:
 //!
 //! ```text
-//! {"format":1,"state":"held","fence":7,"depth":12,"record":{...owner record...}}
-//! {"format":1,"state":"free","fence":7,"depth":13}
+//! {"format":1,"state":"held","fence":7,"depth":12,"epoch":0,"record":{...owner record...}}
+//! {"format":1,"state":"free","fence":7,"depth":13,"epoch":0}
 //! ```
 //!
 //! and whose parent is the previous state, so a release is a commit (never a
 //! ref deletion) and the fence carried in the file keeps growing. The commit
 //! message holds the history events of the change, one JSON object a line,
 //! so `git log` of the ref is the lock's history. After [`ROLL_DEPTH`]
-//! commits a change starts a new root commit (carrying the last fence) and
-//! the old chain is kept, in the same atomic push, under
-//! `refs/skill-lock-archive/[NAMESPACE/]<name>`: a lock keeps between
-//! [`ROLL_DEPTH`] and twice that many events, and fetching a chain stays small.
+//! commits (`SKILL_LOCK_GIT_HISTORY_DEPTH`) a change starts a new root commit
+//! carrying the fence and the chain number (`epoch`), and the same atomic
+//! push keeps the old chain as `refs/skill-lock-archive/[NAMESPACE/]<name>/<epoch
+//! mod ARCHIVE_SLOTS>`: a lock keeps its last 10,000 to 11,000 events, and a
+//! read fetches one short chain.
 //!
 //! Every change is one `git push --force-with-lease=<ref>:<oid as read>`: the
 //! client checks the lease against the ref it is told in the same
@@ -69,11 +70,13 @@ pub const DEFAULT_CLOCK_SKEW: u64 = 30;
 pub const MAX_CLOCK_SKEW: u64 = 120;
 /// Commits in a lock's chain before a change starts a new root commit
 /// (default of `SKILL_LOCK_GIT_HISTORY_DEPTH`).
-pub const ROLL_DEPTH: u64 = 5000;
+pub const ROLL_DEPTH: u64 = 1000;
 /// Where lock refs live on the remote.
 pub const REF_PREFIX: &str = "refs/skill-lock/";
 /// Where a lock's previous chain is kept after a roll-over.
 pub const ARCHIVE_PREFIX: &str = "refs/skill-lock-archive/";
+/// Archived chains kept per lock (`<archive prefix><name>/<epoch mod this>`).
+pub const ARCHIVE_SLOTS: u64 = 10;
 const STATE_FILE: &str = "lock.json";
 const STATE_FORMAT: u32 = 1;
 
@@ -448,6 +451,9 @@ struct StateFile {
     state: String,
     fence: u64,
     depth: u64,
+    /// Roll-overs so far: the chain's number, for ordering archived chains.
+    #[serde(default)]
+    epoch: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     record: Option<serde_json::Value>,
 }
@@ -463,6 +469,8 @@ struct Seen {
     fence: Option<u64>,
     /// Commits in the chain up to `oid`.
     depth: u64,
+    /// The chain's number (roll-overs before it).
+    epoch: u64,
     /// `oid` is a readable commit a new state may name as its parent.
     chainable: bool,
 }
@@ -516,8 +524,8 @@ impl GitStore {
         format!("{}{}", self.ns_prefix(REF_PREFIX), key.name())
     }
 
-    fn archive_ref(&self, name: &str) -> String {
-        format!("{}{name}", self.ns_prefix(ARCHIVE_PREFIX))
+    fn archive_ref(&self, name: &str, slot: u64) -> String {
+        format!("{}{name}/{slot}", self.ns_prefix(ARCHIVE_PREFIX))
     }
 
     /// The local ref a fetched lock ref is kept under in the cache (so later
@@ -751,6 +759,7 @@ impl GitStore {
                 current: Current::Corrupt(why),
                 fence,
                 depth,
+                epoch: 0,
                 chainable: fence.is_some(),
             })
         };
@@ -806,6 +815,7 @@ impl GitStore {
             current,
             fence: Some(state.fence),
             depth: state.depth,
+            epoch: state.epoch,
             chainable: true,
         }))
     }
@@ -839,6 +849,7 @@ impl GitStore {
                     current: Current::Free,
                     fence: Some(0),
                     depth: 0,
+                    epoch: 0,
                     chainable: false,
                 });
             };
@@ -864,6 +875,7 @@ impl GitStore {
                             )),
                             fence: None,
                             depth: 0,
+                            epoch: 0,
                             chainable: false,
                         });
                     }
@@ -1189,40 +1201,65 @@ impl Store for GitStore {
         let lock_prefix = self.ns_prefix(REF_PREFIX);
         let arch_prefix = self.ns_prefix(ARCHIVE_PREFIX);
         let patterns = match key {
-            Some(k) => vec![self.lock_ref(k), self.archive_ref(&k.name())],
+            Some(k) => vec![self.lock_ref(k), format!("{arch_prefix}{}/*", k.name())],
             None => vec![format!("{lock_prefix}*"), format!("{arch_prefix}*")],
         };
-        let mut refs = self.ls_remote(&patterns, "refs/", deadline)?;
-        refs.retain(|r, _| {
-            let name = r
-                .strip_prefix(&lock_prefix)
-                .or_else(|| r.strip_prefix(&arch_prefix));
-            name.is_some_and(|n| LockKey::from_name(n).is_some())
-        });
-        self.fetch_missing(
-            refs.iter().map(|(r, o)| (r.clone(), o.clone())).collect(),
-            deadline,
-        )?;
-        let mut names: Vec<String> = refs
-            .keys()
-            .filter_map(|r| r.strip_prefix(&lock_prefix).map(str::to_owned))
+        let refs = self.ls_remote(&patterns, "refs/", deadline)?;
+        // Chains by lock name: the archived ones and the live one.
+        let mut chains: std::collections::BTreeMap<String, (Vec<String>, Option<String>)> =
+            std::collections::BTreeMap::new();
+        for (r, oid) in &refs {
+            if let Some(name) = r.strip_prefix(&lock_prefix) {
+                if LockKey::from_name(name).is_some() {
+                    chains.entry(name.to_owned()).or_default().1 = Some(oid.clone());
+                }
+            } else if let Some((name, slot)) = r
+                .strip_prefix(&arch_prefix)
+                .and_then(|rest| rest.rsplit_once('/'))
+                && LockKey::from_name(name).is_some()
+                && slot.bytes().all(|b| b.is_ascii_digit())
+            {
+                chains
+                    .entry(name.to_owned())
+                    .or_default()
+                    .0
+                    .push(oid.clone());
+            }
+        }
+        let wanted: Vec<(String, String)> = refs
+            .iter()
+            .filter(|(r, _)| r.starts_with(&lock_prefix) || r.starts_with(&arch_prefix))
+            .map(|(r, o)| (r.clone(), o.clone()))
             .collect();
-        names.sort();
+        self.fetch_missing(wanted, deadline)?;
         let mut all = Vec::new();
-        for name in names {
+        for (_, (mut archived, tip)) in chains {
+            // Oldest chain first: by the epoch in each archived tip's state.
+            let bodies =
+                self.read_states(&archived.iter().map(String::as_str).collect::<Vec<_>>())?;
+            let epochs: HashMap<String, u64> = archived
+                .iter()
+                .zip(bodies)
+                .map(|(o, b)| {
+                    let e = b
+                        .and_then(|b| serde_json::from_slice::<StateFile>(&b).ok())
+                        .map_or(0, |s| s.epoch);
+                    (o.clone(), e)
+                })
+                .collect();
+            archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
             let mut events = Vec::new();
-            let tip = refs.get(&format!("{lock_prefix}{name}")).cloned();
-            let arch = refs.get(&format!("{arch_prefix}{name}")).cloned();
-            for oid in [tip, arch].into_iter().flatten() {
+            for oid in tip.iter().chain(archived.iter().rev()) {
                 if events.len() >= limit {
                     break;
                 }
-                let mut older = self.events_of(&oid, limit - events.len())?;
+                let mut older = self.events_of(oid, limit - events.len())?;
                 older.append(&mut events);
                 events = older;
             }
             all.append(&mut events);
         }
+        // Locks interleave by time; each lock's own order is kept.
         all.sort_by_key(|e| e.time);
         let skip = all.len().saturating_sub(limit);
         Ok(all.split_off(skip))
@@ -1340,7 +1377,12 @@ impl GitStore {
                     return done(value);
                 }
                 (
-                    held_state(rec, seen.fence.unwrap_or(rec.holder.fence), seen.depth)?,
+                    held_state(
+                        rec,
+                        seen.fence.unwrap_or(rec.holder.fence),
+                        seen.depth,
+                        seen.epoch,
+                    )?,
                     None,
                     "refused",
                 )
@@ -1355,12 +1397,20 @@ impl GitStore {
                         ev.fence = Some(fence);
                     }
                 }
-                (held_state(&rec, fence, seen.depth)?, Some(rec), "acquired")
+                (
+                    held_state(&rec, fence, seen.depth, seen.epoch)?,
+                    Some(rec),
+                    "acquired",
+                )
             }
             Change::Rewrite(mut rec) => {
                 let fence = seen.fence.unwrap_or(rec.holder.fence);
                 rec.holder.fence = fence;
-                (held_state(&rec, fence, seen.depth)?, Some(rec), "renewed")
+                (
+                    held_state(&rec, fence, seen.depth, seen.epoch)?,
+                    Some(rec),
+                    "renewed",
+                )
             }
             Change::Delete => {
                 let fence = known_fence()?;
@@ -1370,6 +1420,7 @@ impl GitStore {
                         state: "free".into(),
                         fence,
                         depth: seen.depth + 1,
+                        epoch: seen.epoch,
                         record: None,
                     },
                     None,
@@ -1382,10 +1433,15 @@ impl GitStore {
         let parent = if roll { None } else { seen.oid.as_deref() };
         if roll {
             state.depth = 1;
+            state.epoch = if seen.chainable {
+                seen.epoch.saturating_add(1)
+            } else {
+                seen.epoch
+            };
         }
         let msg = message(key, what, state.fence, &events)?;
         let commit = self.make_commit(&state, parent, &msg)?;
-        let archive_ref = self.archive_ref(&key.name());
+        let archive_ref = self.archive_ref(&key.name(), seen.epoch % ARCHIVE_SLOTS);
         let archive = match (&seen.oid, roll && seen.chainable) {
             (Some(old), true) => Some((old.as_str(), archive_ref.as_str())),
             _ => None,
@@ -1416,7 +1472,7 @@ impl GitStore {
     }
 }
 
-fn held_state(rec: &OwnerRecord, fence: u64, depth: u64) -> Result<StateFile> {
+fn held_state(rec: &OwnerRecord, fence: u64, depth: u64, epoch: u64) -> Result<StateFile> {
     let mut rec = rec.clone();
     rec.holder.fence = fence;
     let value = serde_json::to_value(&rec).map_err(|e| Error::Internal(e.to_string()))?;
@@ -1425,6 +1481,7 @@ fn held_state(rec: &OwnerRecord, fence: u64, depth: u64) -> Result<StateFile> {
         state: "held".into(),
         fence,
         depth: depth + 1,
+        epoch,
         record: Some(value),
     })
 }
