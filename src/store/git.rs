@@ -176,7 +176,11 @@ fn parse_seconds(var: &str, max: f64) -> Result<Option<f64>> {
 /// directory, else a private directory under the temporary directory.
 fn cache_dir() -> PathBuf {
     if let Some(d) = env("SKILL_LOCK_GIT_CACHE") {
-        return PathBuf::from(d);
+        let d = PathBuf::from(d);
+        return match std::env::current_dir() {
+            Ok(cwd) if d.is_relative() => cwd.join(d),
+            _ => d,
+        };
     }
     if let Some(d) = env("XDG_CACHE_HOME") {
         return Path::new(&d).join("skill-lock").join("git");
@@ -250,25 +254,25 @@ impl GitConfig {
 }
 
 fn resolve_remote(remote: &str, cwd: &Path, url: &str) -> Result<String> {
-    let looks_like_name = !remote.contains(['/', ':', '\\']) && !remote.starts_with('.');
+    // Remote names may hold '/', never ':'; a path starting with '.' or '/' is a path.
+    let looks_like_name = !remote.contains([':', '\\']) && !remote.starts_with(['.', '/', '~']);
     if looks_like_name {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for key in [
-            format!("remote.{remote}.pushurl"),
-            format!("remote.{remote}.url"),
-        ] {
-            let mut cmd = git_command();
-            cmd.current_dir(cwd).args(["config", "--get", &key]);
-            if let Ok(Some(out)) = run(&mut cmd, None, deadline)
-                && out.code == Some(0)
-            {
-                let v = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-                if !v.is_empty() {
-                    return Ok(absolute_if_local(
-                        &v,
-                        &toplevel(cwd).unwrap_or_else(|| cwd.to_path_buf()),
-                    ));
+        // `git remote get-url --push`: the push URL, else the URL, rewritten
+        // by the user's insteadOf rules; an error when there is no such remote.
+        let mut cmd = git_command();
+        cmd.current_dir(cwd)
+            .args(["remote", "get-url", "--push", "--", remote]);
+        if let Ok(Some(out)) = run(&mut cmd, None, Instant::now() + Duration::from_secs(5))
+            && out.ok()
+        {
+            let v = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if !v.is_empty() {
+                if is_local_path(&v) && Path::new(&v).is_relative() {
+                    // Relative to the checkout's top, as git reads it.
+                    let top = toplevel(cwd).unwrap_or_else(|| cwd.to_path_buf());
+                    return Ok(absolute_if_local(&v, &top));
                 }
+                return Ok(v);
             }
         }
         if !cwd.join(remote).exists() {
