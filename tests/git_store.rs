@@ -676,3 +676,41 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
         (Some(12), Some(13))
     );
 }
+
+#[test]
+fn a_remote_that_refuses_lock_refs_says_so_at_once() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::file(&env);
+    let hook = env.path("remote.git/hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\necho 'custom refs are not allowed here' >&2\nexit 1\n",
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("755")
+        .arg(&hook)
+        .status()
+        .unwrap();
+    let start = Instant::now();
+    let out = remote
+        .cmd(&cwd)
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run();
+    let e = out.expect_error("store_unavailable");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("refused") && m.contains("pre-receive"), "{m}");
+    // Nothing was taken.
+    std::fs::remove_file(&hook).unwrap();
+    let s = remote
+        .cmd(&cwd)
+        .args(["status", "s", "--repo", "o/r"])
+        .run();
+    assert_eq!(s.expect(0, "status")["state"], "free");
+}
