@@ -714,3 +714,39 @@ fn a_remote_that_refuses_lock_refs_says_so_at_once() {
         .run();
     assert_eq!(s.expect(0, "status")["state"], "free");
 }
+
+#[test]
+fn a_pid_recorded_by_another_machine_with_our_hostname_is_never_judged() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::file(&env);
+    // A dead pid of this machine, in a record from another boot that carries
+    // this machine's hostname (two CI containers are both called "runner").
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let mut state = foreign_state(-600); // expires in 10 minutes
+    state["record"]["host"] = "runner".into();
+    state["record"]["owner_pid"] = dead.into();
+    plant(&env.path("remote.git"), "s@o__r", &state);
+    let here = |c: Cmd| c.env("SKILL_LOCK_HOST", "runner");
+    let s = here(remote.cmd(&cwd))
+        .args(["status", "s", "--repo", "o/r"])
+        .run();
+    assert_eq!(s.expect(0, "status")["state"], "held", "{}", s.stdout);
+    here(remote.cmd(&cwd))
+        .args(["acquire", "s", "--repo", "o/r"])
+        .run()
+        .expect(3, "already_running");
+    // A renewal by another run keeps the recorded owner pid.
+    here(remote.cmd(&cwd))
+        .args(["renew", "s", "--repo", "o/r"])
+        .run()
+        .expect(0, "renewed");
+    let tip = git_out(
+        &env.path("remote.git"),
+        &["show", "refs/skill-lock/s@o__r:lock.json"],
+    );
+    let tip: Value = serde_json::from_str(&tip).unwrap();
+    assert_eq!(tip["record"]["owner_pid"], dead);
+}

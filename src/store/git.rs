@@ -909,12 +909,24 @@ impl GitStore {
 
     /// The state as the engine is shown it: a record judged by the wall
     /// clock expires [`GitConfig::clock_skew`] seconds later.
+    ///
+    /// An owner pid recorded in another boot (another machine, or this one
+    /// before a reboot) is not shown to the engine either: on a store shared
+    /// by machines, a hostname proves nothing, so such a lock is judged by its
+    /// lease alone and a pid of another machine is never looked up here.
     fn view(&self, current: &Current) -> Current {
         match current {
-            Current::Held(rec) if !self.same_boot(rec) => {
+            Current::Held(rec) => {
                 let mut r = rec.clone();
-                let skew = i64::try_from(self.config.clock_skew).unwrap_or(0);
-                r.holder.expires.0 = r.holder.expires.0.saturating_add(skew);
+                if !self.same_boot(rec) {
+                    let skew = i64::try_from(self.config.clock_skew).unwrap_or(0);
+                    r.holder.expires.0 = r.holder.expires.0.saturating_add(skew);
+                }
+                let ours = crate::liveness::boot_clock().map(|b| b.id);
+                if rec.holder.boot_id.is_none() || rec.holder.boot_id != ours {
+                    r.holder.owner_pid = None;
+                    r.holder.owner_start = None;
+                }
                 Current::Held(r)
             }
             other => other.clone(),
@@ -1408,6 +1420,11 @@ impl GitStore {
                 )
             }
             Change::Rewrite(mut rec) => {
+                // A renewal keeps the owner the view did not show.
+                if let Current::Held(raw) = &seen.current {
+                    rec.holder.owner_pid = raw.holder.owner_pid;
+                    rec.holder.owner_start = raw.holder.owner_start;
+                }
                 let fence = seen.fence.unwrap_or(rec.holder.fence);
                 rec.holder.fence = fence;
                 (
