@@ -750,3 +750,21 @@ fn a_pid_recorded_by_another_machine_with_our_hostname_is_never_judged() {
     let tip: Value = serde_json::from_str(&tip).unwrap();
     assert_eq!(tip["record"]["owner_pid"], dead);
 }
+
+#[test]
+fn a_server_that_drops_connections_when_busy_is_retried_within_the_deadline() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let served = env.dir("served");
+    bare_repo(&served.join("locks.git"));
+    // Two connections at a time: the others are reset by the daemon.
+    let d = Daemon::start_with(&served, 24400, &["--max-connections=2"]);
+    let remote = Remote {
+        url: format!("git:{}", d.url("locks.git")),
+        cache: env.path("cache"),
+        _daemon: None,
+    };
+    let outs = race(&remote, &cwd, 16);
+    one_winner(&outs, "16 racers, 2 connections");
+    drop(d);
+}

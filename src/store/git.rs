@@ -665,12 +665,24 @@ impl GitStore {
     ) -> Result<HashMap<String, String>> {
         let mut args = vec!["ls-remote", "--refs", self.config.remote.as_str()];
         args.extend(patterns.iter().map(String::as_str));
-        let Some(out) = self.remote_cmd(&args, deadline)? else {
-            return Err(self.unavailable("no answer in time"));
+        let mut pause = Duration::from_millis(20);
+        let out = loop {
+            let Some(out) = self.remote_cmd(&args, deadline)? else {
+                return Err(self.unavailable("no answer in time"));
+            };
+            if out.ok() {
+                break out;
+            }
+            // A busy server drops connections (git daemon serves 32 at once):
+            // try again within the deadline; any other failure is final.
+            let why = out.stderr.trim().to_owned();
+            let wait = jitter(pause);
+            if !transient(&why) || Instant::now() + wait >= deadline {
+                return Err(self.unavailable(&format!("git ls-remote failed: {why}")));
+            }
+            std::thread::sleep(wait);
+            pause = (pause * 2).min(Duration::from_millis(500));
         };
-        if !out.ok() {
-            return Err(self.unavailable(&format!("git ls-remote failed: {}", out.stderr.trim())));
-        }
         let mut refs = HashMap::new();
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             if let Some((oid, name)) = line.split_once('\t')
@@ -862,8 +874,14 @@ impl GitStore {
                 let failed = self.fetch(&[(r.clone(), oid.clone())], deadline)?;
                 fetched = true;
                 if !self.is_commit(&oid)? {
-                    if let Some(why) = failed.filter(|w| !w.contains("couldn't find remote ref")) {
-                        return Err(self.unavailable(&format!("git fetch failed: {why}")));
+                    match failed {
+                        Some(why) if transient(&why) => {
+                            std::thread::sleep(jitter(Duration::from_millis(50)));
+                        }
+                        Some(why) if !why.contains("couldn't find remote ref") => {
+                            return Err(self.unavailable(&format!("git fetch failed: {why}")));
+                        }
+                        _ => {}
                     }
                     // The ref moved between the two calls, or points at no commit.
                     if Instant::now() >= deadline {
@@ -871,7 +889,11 @@ impl GitStore {
                             self.unavailable("the lock ref kept moving or points at no commit")
                         );
                     }
-                    if self.local(&["cat-file", "-e", &oid], None)?.ok() {
+                    // Its type, read once (another process's fetch may have
+                    // brought the commit since the check above).
+                    let kind = self.local(&["cat-file", "-t", &oid], None)?;
+                    let kind = String::from_utf8_lossy(&kind.stdout).trim().to_owned();
+                    if !kind.is_empty() && kind != "commit" {
                         return Ok(Seen {
                             oid: Some(oid.clone()),
                             current: Current::Corrupt(format!(
@@ -883,7 +905,9 @@ impl GitStore {
                             chainable: false,
                         });
                     }
-                    continue;
+                    if kind != "commit" {
+                        continue;
+                    }
                 }
                 body = self.read_states(&[oid.as_str()])?.pop().flatten();
             }
@@ -1061,6 +1085,47 @@ impl GitStore {
     }
 }
 
+/// Does git's complaint look like a dropped connection (worth another try)?
+fn transient(stderr: &str) -> bool {
+    let definite = [
+        "Permission denied",
+        "not found",
+        "access denied",
+        "does not appear to be a git repository",
+        "Host key verification failed",
+        "Could not resolve",
+        "No such file",
+        "Authentication failed",
+    ];
+    if definite.iter().any(|m| stderr.contains(m)) {
+        return false;
+    }
+    // A connection closed before git could say anything.
+    if stderr.trim().is_empty() {
+        return true;
+    }
+    [
+        // What a git daemon over its connection limit leaves the client with.
+        "Could not read from remote repository",
+        "reset by peer",
+        "early EOF",
+        "unexpected disconnect",
+        "hung up unexpectedly",
+        "Broken pipe",
+        "Connection timed out",
+        "Operation timed out",
+    ]
+    .iter()
+    .any(|m| stderr.contains(m))
+}
+
+/// `d` scaled by a random factor in [0.5, 1.5), so retries spread out.
+fn jitter(d: Duration) -> Duration {
+    let r = random_suffix();
+    let x = u32::from_str_radix(r.get(..4).unwrap_or("8000"), 16).unwrap_or(0x8000);
+    d.mul_f64(0.5 + f64::from(x) / 65536.0)
+}
+
 fn message(key: &LockKey, change: &str, fence: u64, events: &[Event]) -> Result<String> {
     let mut m = format!("skill-lock: {change} {} (fence {fence})\n\n", key.name());
     for ev in events {
@@ -1128,9 +1193,9 @@ impl Store for GitStore {
             let seen = match self.read_seen(key, deadline) {
                 Ok(s) => s,
                 Err(e) if pending.is_empty() => return Err(e),
-                Err(_) => {
+                Err(e) => {
                     return Err(self.unavailable(&format!(
-                        "a push's outcome is unknown ({}) and the ref could not be read back; run status to see whether this lock is held (its token is lost: if it is, release it with --force)",
+                        "a push's outcome is unknown ({}) and the ref could not be read back ({e}); run status to see whether this lock is held (its token is lost: if it is, release it with --force)",
                         unknown_why.unwrap_or_default()
                     )));
                 }
@@ -1367,9 +1432,13 @@ impl GitStore {
                 Error::Io {
                     action: "read the last fence of",
                     path: PathBuf::from(&r),
-                    source: std::io::Error::other(
-                        "the lock's state and its recent history are unreadable, so a new fence could repeat one; remove the ref with `git push REMOTE :REF` as an operator",
-                    ),
+                    source: std::io::Error::other(format!(
+                        "the lock's state ({}) and its recent history are unreadable, so a new fence could repeat one; remove the ref with `git push REMOTE :REF` as an operator",
+                        match &seen.current {
+                            Current::Corrupt(why) => why.as_str(),
+                            _ => "?",
+                        }
+                    )),
                 }
             })
         };

@@ -45,6 +45,11 @@ pub struct Daemon {
 impl Daemon {
     /// Starts it on a free port of `base..base + 50` and waits until it accepts.
     pub fn start(base_path: &Path, base: u16) -> Self {
+        Self::start_with(base_path, base, &[])
+    }
+
+    /// As [`Daemon::start`], with more `git daemon` options.
+    pub fn start_with(base_path: &Path, base: u16, extra: &[&str]) -> Self {
         for _ in 0..5 {
             let port = free_port(base);
             let child = Command::new("git")
@@ -57,6 +62,7 @@ impl Daemon {
                     "--listen=127.0.0.1",
                 ])
                 .arg(format!("--port={port}"))
+                .args(extra)
                 .arg(format!("--base-path={}", base_path.display()))
                 .arg(base_path)
                 .env("GIT_CONFIG_NOSYSTEM", "1")
