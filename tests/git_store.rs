@@ -768,3 +768,37 @@ fn a_server_that_drops_connections_when_busy_is_retried_within_the_deadline() {
     one_winner(&outs, "16 racers, 2 connections");
     drop(d);
 }
+
+#[test]
+fn a_server_without_atomic_pushes_still_rolls_over() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Remote::file(&env);
+    git_out(
+        &env.path("remote.git"),
+        &["config", "receive.advertiseAtomic", "false"],
+    );
+    for f in 1..=4u64 {
+        let a = remote
+            .cmd(&cwd)
+            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
+            .args(["acquire", "s", "--repo", "o/r"])
+            .run();
+        assert_eq!(a.expect(0, "acquired")["fence"], f);
+        remote
+            .cmd(&cwd)
+            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
+            .args(["release", "s", "--repo", "o/r"])
+            .run()
+            .expect(0, "released");
+    }
+    let archives = git_out(
+        &env.path("remote.git"),
+        &[
+            "for-each-ref",
+            "--format=%(refname)",
+            "refs/skill-lock-archive/",
+        ],
+    );
+    assert_eq!(archives.lines().count(), 3, "{archives}");
+}

@@ -1024,6 +1024,27 @@ impl GitStore {
         let Some(out) = self.remote_cmd(&args, deadline)? else {
             return Ok(Pushed::Unknown("the push did not finish in time".into()));
         };
+        if let Some((old, aref)) = archive
+            && out.stderr.contains("support --atomic")
+        {
+            // A server without atomic pushes (nothing was sent): the lock
+            // first, then the archive, which only history reads, at best effort.
+            let pushed = self.push(r, expect, commit, None, deadline)?;
+            if matches!(pushed, Pushed::Done) {
+                let spec = format!("+{old}:{aref}");
+                let _ = self.remote_cmd(
+                    &[
+                        "push",
+                        "--quiet",
+                        "--no-verify",
+                        self.config.remote.as_str(),
+                        &spec,
+                    ],
+                    deadline,
+                );
+            }
+            return Ok(pushed);
+        }
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let mut ours = None;
         let mut reasons = Vec::new();
