@@ -43,7 +43,7 @@ struct Cli {
     /// Project root (default: nearest ancestor holding .git, .svn or .apache-magpie.lock).
     #[arg(long, global = true, value_name = "DIR")]
     root: Option<PathBuf>,
-    /// Lock store: etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR (default: the personal layer).
+    /// Lock store: git:REMOTE[#NAMESPACE] (e.g. git:origin), etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR (default: the personal layer).
     #[arg(long, global = true, value_name = "URL")]
     store: Option<OsString>,
     #[command(subcommand)]

@@ -268,8 +268,18 @@ fn from_url(
                 "store {url:?}: this build has no etcd store (feature \"etcd\"); use file:DIR or the default"
             )));
         }
+        if url.starts_with("git:") {
+            let store = AnyStore::Git(crate::store::git::GitStore::new(url, cwd)?);
+            let url = Some(crate::store::git::redact(url)); // never print credentials
+            return Ok(StoreChoice {
+                store,
+                source,
+                url,
+                root,
+            });
+        }
         return Err(Error::Usage(format!(
-            "unknown store {url:?}: use etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR"
+            "unknown store {url:?}: use git:REMOTE[#NAMESPACE], etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR"
         )));
     };
     if dir.is_empty() {

@@ -67,6 +67,10 @@ pub struct About {
     pub repo: String,
     /// The lock's path (or key in a network store).
     pub lock: String,
+    /// Seconds a takeover waits past `expires` for hosts' clocks to differ
+    /// (the git store, SPEC §8); absent where the store needs none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_skew: Option<u64>,
 }
 
 impl About {
@@ -77,6 +81,7 @@ impl About {
             skill: key.skill().to_owned(),
             repo: key.repo().to_owned(),
             lock: store.location(key),
+            clock_skew: store.clock_skew(),
         }
     }
 }

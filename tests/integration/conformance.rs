@@ -1,6 +1,7 @@
 //! One conformance suite for every store (SPEC §8: "the same behaviour as the
-//! file store in every section"). Each test runs against a file store always,
-//! and against etcd when `SKILL_LOCK_TEST_ETCD` names a reachable cluster
+//! file store in every section"). Each test runs against a file store and the
+//! git store (on a `file://` bare repository and on a loopback `git daemon`,
+//! ports 24450-24499) always, and against etcd when `SKILL_LOCK_TEST_ETCD` names a reachable cluster
 //! (`host:port[,host:port]`); without it the etcd half is skipped visibly, and
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` (set by CI) turns the skip into a failure.
 
@@ -17,13 +18,30 @@ static PREFIX_SEQ: AtomicU32 = AtomicU32::new(0);
 struct Backend {
     url: String,
     etcd: bool,
+    /// The git store: its cache, and the daemon serving it (if any).
+    git: Option<(std::path::PathBuf, Option<common::gitd::Daemon>)>,
 }
 
 fn backends(env: &TestEnv) -> Vec<Backend> {
     let mut out = vec![Backend {
         url: format!("file:{}", env.path("store").display()),
         etcd: false,
+        git: None,
     }];
+    // The git store, on a file:// remote and on a loopback git daemon.
+    let served = env.dir("served");
+    common::gitd::bare_repo(&served.join("locks.git"));
+    let daemon = common::gitd::Daemon::start(&served, 24450);
+    out.push(Backend {
+        url: format!("git:file://{}", served.join("locks.git").display()),
+        etcd: false,
+        git: Some((env.path("git-cache"), None)),
+    });
+    out.push(Backend {
+        url: format!("git:{}#conformance", daemon.url("locks.git")),
+        etcd: false,
+        git: Some((env.path("git-cache"), Some(daemon))),
+    });
     match std::env::var("SKILL_LOCK_TEST_ETCD") {
         Ok(eps) if !eps.is_empty() => {
             let n = PREFIX_SEQ.fetch_add(1, Ordering::SeqCst);
@@ -35,6 +53,7 @@ fn backends(env: &TestEnv) -> Vec<Backend> {
             out.push(Backend {
                 url: format!("etcd://{eps}/conformance/{unique}/"),
                 etcd: true,
+                git: None,
             });
         }
         _ => {
@@ -52,7 +71,14 @@ fn backends(env: &TestEnv) -> Vec<Backend> {
 
 impl Backend {
     fn cmd(&self, cwd: &Path) -> Cmd {
-        Cmd::new(cwd).env("SKILL_LOCK_STORE", &self.url)
+        let cmd = Cmd::new(cwd).env("SKILL_LOCK_STORE", &self.url);
+        match &self.git {
+            // Every run here is on one host: no clock-skew allowance.
+            Some((cache, _)) => cmd
+                .env("SKILL_LOCK_GIT_CACHE", cache)
+                .env("SKILL_LOCK_CLOCK_SKEW", "0"),
+            None => cmd,
+        }
     }
     /// The shortest ttl both stores grant exactly (etcd's minimum is 2 s by default).
     fn short_ttl(&self) -> &'static str {

@@ -9,6 +9,8 @@ use std::process::{Command, Stdio};
 
 pub use serde_json::Value;
 
+pub mod gitd;
+
 /// Path of the binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
 

@@ -25,6 +25,7 @@ mod etcd_tls;
 mod example;
 mod fs_store;
 mod generated;
+mod git_store;
 mod history;
 mod interleavings;
 mod races;
