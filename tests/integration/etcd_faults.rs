@@ -317,3 +317,80 @@ fn a_stopped_member_never_lets_a_second_holder_appear() {
         .expect(0, "held");
     }
 }
+
+/// Wall-clock nanoseconds now (the witness lines use the same clock).
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// SPEC §2.7 on etcd: `run` stops its command before the lease it last
+/// confirmed ends, even when the whole cluster freezes (every member
+/// SIGSTOPped, so renewals hang rather than fail). Before this, the command
+/// kept writing for 7 s past a 4 s lease.
+#[test]
+fn run_on_a_frozen_cluster_stops_its_command_before_the_lease_ends() {
+    if !have_etcd() {
+        return;
+    }
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let c = Cluster::start(&env.path("etcd"), 24000);
+    let url = c.url("frozen-run");
+    let witness = env.path("witness");
+    let script = format!(
+        "while :; do date +%s%N >> '{}'; sleep 0.05; done",
+        witness.display()
+    );
+    let mut run = Cmd::new(&cwd)
+        .env("SKILL_LOCK_STORE", &url)
+        .args([
+            "run", "frozen", "--repo", "o/r", "--ttl", "4", "--", "sh", "-c", &script,
+        ])
+        .command();
+    run.stdout(Stdio::null()).stderr(Stdio::piped());
+    let child = run.spawn().unwrap();
+    let started = Instant::now();
+    while std::fs::read_to_string(&witness).map_or(0, |w| w.lines().count()) < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "CMD never wrote"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let frozen_at = wall_ns();
+    for i in 0..3 {
+        c.signal(i, libc::SIGSTOP);
+    }
+    let out = child.wait_with_output().unwrap();
+    let stopped_after = Duration::from_nanos(u64::try_from(wall_ns() - frozen_at).unwrap());
+    for i in 0..3 {
+        c.signal(i, libc::SIGCONT);
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last: Value = serde_json::from_str(stderr.lines().last().unwrap_or("")).unwrap_or_default();
+    assert_eq!(
+        last["lost"], true,
+        "run must say it lost the lease: {stderr}"
+    );
+    let code = out.status.code().unwrap_or(0);
+    assert!(code > 128, "exit 128+signal, got {code}");
+    // Every renewal after the freeze hangs, so the last confirmed lease ends
+    // at most ttl after the freeze: no write may come after that.
+    let bound = frozen_at + 4_000_000_000;
+    let late: Vec<u128> = std::fs::read_to_string(&witness)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse::<u128>().ok())
+        .filter(|t| *t >= bound)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{} writes after the lease ended (the last {} ms late); run exited {stopped_after:?} after the freeze",
+        late.len(),
+        late.iter().max().map_or(0, |t| (t - bound) / 1_000_000)
+    );
+}
