@@ -191,17 +191,18 @@ impl Client {
     }
 
     /// `LeaseTimeToLive`: the lease's remaining seconds as the cluster
-    /// counts them (truncated to a whole second; -1 when it is gone).
+    /// counts them (truncated to a whole second; -1 when it is gone), and the
+    /// TTL it was granted with.
     ///
     /// # Errors
     /// The call failed.
-    pub async fn lease_ttl(&mut self, id: i64) -> Result<i64, CallFailure> {
-        Ok(self
+    pub async fn lease_ttl(&mut self, id: i64) -> Result<(i64, i64), CallFailure> {
+        let r = self
             .lease
             .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })
             .await?
-            .into_inner()
-            .ttl)
+            .into_inner();
+        Ok((r.ttl, r.granted_ttl))
     }
 }
 

@@ -346,9 +346,24 @@ struct Seen {
 }
 
 /// The lease end of a key whose lease has `ttl` whole seconds left as the
-/// cluster counts them (-1: the lease is gone), read between `before` and
-/// `after` on this host's clock.
-fn lease_end(ttl: i64, view: View, before: &Now, after: &Now) -> Timestamp {
+/// cluster counts them (-1: the lease is gone) of the `granted` it was given,
+/// read between `before` and `after` on this host's clock.
+///
+/// A member whose lessor is not the primary (a demoted leader, a new leader
+/// before it promotes its leases) answers a live lease's remaining time as
+/// "never" (`i64::MAX` ns, about 292 years): more than was granted is no
+/// reading at all. The lease is alive with an unknown remainder of at most
+/// what was granted: a decision holds it that long, a reader is told none.
+fn lease_end(ttl: i64, granted: i64, view: View, before: &Now, after: &Now) -> Timestamp {
+    let unknown = granted > 0 && ttl > granted;
+    let ttl = if unknown {
+        match view {
+            View::Reader => 0,
+            View::Decision => granted,
+        }
+    } else {
+        ttl
+    };
     match view {
         _ if ttl < 0 => Timestamp(before.wall().0.saturating_sub(1)),
         View::Reader => Timestamp(before.wall().0.saturating_add(ttl)),
@@ -382,8 +397,8 @@ async fn read_key(client: &mut Client, k: &str, view: View) -> Result<Seen, Call
             // A key with no lease (another tool, an older record) is judged
             // by its own `expires`, like any record.
             if kv.lease != 0 {
-                let ttl = client.lease_ttl(kv.lease).await?;
-                rec.holder.expires = lease_end(ttl, view, &before, &Now::read());
+                let (ttl, granted) = client.lease_ttl(kv.lease).await?;
+                rec.holder.expires = lease_end(ttl, granted, view, &before, &Now::read());
                 rec.holder.deadline_boot_ms = None;
             }
             Current::Held(rec)
@@ -1073,14 +1088,25 @@ mod tests {
             boot: None,
         };
         // 0 s left (truncated): alive, so a decision made after the read sees it held.
-        let end = lease_end(0, View::Decision, &before, &after);
+        let end = lease_end(0, 2, View::Decision, &before, &after);
         assert!(end.0 * 1000 > after.wall_ms + 500);
         // A reader is told no more than the truncated TTL, counted from before the request.
-        assert_eq!(lease_end(4, View::Reader, &before, &after).0, 1_000_000 + 4);
+        assert_eq!(
+            lease_end(4, 5, View::Reader, &before, &after).0,
+            1_000_000 + 4
+        );
         // A lease that is gone is expired for both.
         for view in [View::Reader, View::Decision] {
-            assert!(lease_end(-1, view, &before, &after).0 * 1000 < before.wall_ms);
+            assert!(lease_end(-1, 5, view, &before, &after).0 * 1000 < before.wall_ms);
         }
+        // "Never" from a member whose lessor is not the primary (ETCD-1 of
+        // the nemesis test): alive, for no more than was granted.
+        let never = 9_223_372_036;
+        let held = lease_end(never, 2, View::Decision, &before, &after);
+        assert!(held.0 * 1000 > after.wall_ms && held.0 <= after.wall().0 + 2 + 2);
+        assert!(
+            lease_end(never, 2, View::Reader, &before, &after).0 * 1000 <= before.wall_ms + 1000
+        );
     }
 
     #[test]
