@@ -12,24 +12,33 @@
 //! alone keeps it from writing unprotected. Every write is one line of an
 //! `O_APPEND` witness file: lock, fence, worker, enter and exit on
 //! `CLOCK_MONOTONIC` (one clock for every process of this machine), and the
-//! end of the lease as its writer saw it (the check's start plus the
-//! `expires_in` it answered; never for a `run` writer).
+//! end of the lease as its writer could be sure of it (the check's start
+//! plus its `expires_in` less one second, since `expires_in` is rounded up;
+//! no end for a `run` writer, which never checks). A quarter of the check
+//! workers' turns write on until a check says the lease is gone (it is never
+//! renewed), racing the next acquirer at the lease's end.
 //!
 //! Meanwhile a nemesis thread, seeded (the seed is printed first;
 //! `SKILL_LOCK_NEMESIS_SEED` replays the fault mix, not the timing), injects
-//! one fault at a time: SIGKILL of the leader and its restart, SIGSTOP and
-//! SIGCONT of a member, and a proxy that cuts (closes every connection and
-//! refuses new ones), hangs (accepts and forwards nothing) or slows (delays
-//! every chunk). Then everything heals and the workers stop.
+//! one fault at a time, each kind once per shuffled round: SIGKILL of the
+//! leader and its restart, SIGSTOP and SIGCONT of a member, a proxy that cuts
+//! (closes every connection and refuses new ones), hangs (accepts and
+//! forwards nothing) or slows (delays every chunk), two members stopped at
+//! once (quorum lost), and every proxy cut or hung (clients cut off). Then
+//! everything heals and the workers stop.
 //!
 //! Checked: no two writes of one lock overlap while both writers believed
 //! their lease valid; in write order fences never go backwards (a write
 //! whose writer believed its lease valid never follows a write of a later
-//! fence); once healed and stopped, no lock is held under a fence no worker
-//! was given (a ghost), and after every known token was released and the
-//! longest lease ran out, nothing is held; every command answered within its
-//! bound (`store_unavailable` is an answer, a hang is not). A violation
-//! fails the test, naming the workers, fences and times (ms since start).
+//! fence); time safety: a check worker's lease (never renewed) is not taken
+//! over before its acquire's start plus the ttl granted, unless released;
+//! fences follow real time; once healed and stopped, no lock is held under a
+//! fence no worker was given (a ghost) or one its worker saw released, and
+//! after every known token was released and the longest lease ran out,
+//! nothing is held; every command answered within its bound (the store's
+//! 5 s plus 4 s of process start on a loaded machine; `store_unavailable` is
+//! an answer, a hang is not). A violation fails the test, naming the
+//! workers, fences, times (ms since the start) and the faults at the time.
 //!
 //! Short mode (in `cargo test`): 25 s of load. Long mode:
 //! `SKILL_LOCK_NEMESIS_SECS=300`. Skipped visibly without `etcd` on PATH;
@@ -52,7 +61,7 @@ use std::time::{Duration, Instant};
 use common::{Cmd, Out, TestEnv, Value};
 
 const BASE: u16 = 24500;
-const LOCKS: [(&str, &str); 2] = [("nemesis", "o/a"), ("nemesis", "o/b")];
+const LOCKS: [(&str, &str); 3] = [("nemesis", "o/a"), ("nemesis", "o/b"), ("other", "o/a")];
 const WORKERS: usize = 16;
 /// Every fourth worker goes through `run`.
 const RUN_EVERY: usize = 4;
@@ -66,6 +75,9 @@ const SLACK: Duration = Duration::from_secs(4);
 /// A command still running after this long is killed and counted as a hang.
 const HARD: Duration = Duration::from_secs(30);
 const SHORT_SECS: u64 = 25;
+/// Fault kinds: leader SIGKILL, member SIGSTOP, proxy cut, hang, slow,
+/// two members SIGSTOPped (quorum lost), every proxy cut or hung.
+const KINDS: u64 = 7;
 
 // ---------------------------------------------------------------- helpers
 
@@ -702,7 +714,7 @@ fn check_worker(world: &World, id: usize, seed: u64, stop: &AtomicBool) {
                     how: if v["took_over"].is_null() {
                         "free".to_owned()
                     } else {
-                        format!("took over: {}", v["took_over"]["reason"])
+                        format!("took over: {}", v["took_over"])
                     },
                 });
                 (t.to_owned(), f)
@@ -933,21 +945,26 @@ fn run_writer() {
 fn nemesis(world: &World, cluster: &Cluster, proxies: &[Proxy], seed: u64, stop: &AtomicBool) {
     let mut rng = Rng::new(seed);
     let log = |what: String| eprintln!("nemesis {:>8.0} ms: {what}", world.ms(mono_ns()));
-    // Rounds of the five kinds in a shuffled order, so a short run sees each.
+    // Rounds of every kind in a shuffled order, so a short run sees each.
     let mut round: Vec<u64> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        nap(Duration::from_millis(rng.range(300, 1_500)), stop);
+        nap(Duration::from_millis(rng.range(200, 1_200)), stop);
         if stop.load(Ordering::Relaxed) {
             break;
         }
         if round.is_empty() {
-            round = (0..5).collect();
+            round = (0..KINDS).collect();
             for k in (1..round.len()).rev() {
                 round.swap(k, rng.below(k as u64 + 1) as usize);
             }
         }
         let kind = round.pop().unwrap_or(0);
-        let hold = Duration::from_millis(rng.range(500, 3_500));
+        // Outages of the whole cluster sometimes outlast a command's 5 s.
+        let hold = Duration::from_millis(if kind >= 5 {
+            rng.range(1_000, 7_000)
+        } else {
+            rng.range(500, 3_000)
+        });
         match kind {
             0 => {
                 let Some(l) = cluster.leader() else {
@@ -979,12 +996,49 @@ fn nemesis(world: &World, cluster: &Cluster, proxies: &[Proxy], seed: u64, stop:
                 world.span(t, format!("n{i} SIGSTOPped"));
                 log(format!("SIGCONT n{i}"));
             }
+            5 => {
+                // Quorum lost: two members stopped at once.
+                let i = rng.below(3) as usize;
+                let j = (i + 1 + rng.below(2) as usize) % 3;
+                let pids: Vec<u32> = [i, j].iter().filter_map(|&m| cluster.pid(m)).collect();
+                world.fault("quorum_sigstop");
+                log(format!("SIGSTOP n{i} and n{j} for {hold:?}"));
+                let t = mono_ns();
+                for &p in &pids {
+                    signal(p, libc::SIGSTOP);
+                }
+                nap(hold, stop);
+                for &p in &pids {
+                    signal(p, libc::SIGCONT);
+                }
+                world.span(t, format!("n{i} and n{j} SIGSTOPped"));
+                log(format!("SIGCONT n{i} and n{j}"));
+            }
+            6 => {
+                // Clients cut off: every proxy cut or hung.
+                let modes: Vec<u8> = (0..3)
+                    .map(|_| if rng.chance(50) { CUT } else { HANG })
+                    .collect();
+                world.fault("all_proxies_down");
+                log(format!("all proxies cut/hang {modes:?} for {hold:?}"));
+                let t = mono_ns();
+                for (p, &m) in proxies.iter().zip(&modes) {
+                    p.set(m, 0);
+                }
+                nap(hold, stop);
+                for p in proxies {
+                    p.set(PASS, 0);
+                }
+                world.span(t, format!("all proxies down {modes:?}"));
+                log("healed all proxies".to_owned());
+            }
             k => {
                 let i = rng.below(3) as usize;
                 let (kind, mode, delay) = match k {
                     2 => ("proxy_cut", CUT, 0),
                     3 => ("proxy_hang", HANG, 0),
-                    _ => ("proxy_slow", SLOW, rng.range(50, 1_500)),
+                    4 => ("proxy_slow", SLOW, rng.range(50, 1_500)),
+                    _ => unreachable!("fault kind {k}"),
                 };
                 world.fault(kind);
                 log(format!("{kind} p{i} for {hold:?} (delay {delay} ms)"));
