@@ -494,6 +494,8 @@ struct World {
     stats: Stats,
     faults: Mutex<BTreeMap<&'static str, u64>>,
     known: Mutex<Vec<Known>>,
+    /// The slowest bounded command and its answer.
+    slowest: Mutex<String>,
     /// (start, end, what) of every fault injected.
     spans: Mutex<Vec<(u64, u64, String)>>,
     violations: Mutex<Vec<String>>,
@@ -571,7 +573,10 @@ impl World {
         let t1 = mono_ns();
         let out = Out::from(output);
         let ms = took.as_millis() as u64;
-        self.stats.max_ms.fetch_max(ms, Ordering::Relaxed);
+        if bound.is_some() && self.stats.max_ms.fetch_max(ms, Ordering::Relaxed) < ms {
+            *self.slowest.lock().unwrap() =
+                format!("`{what}` at {:.0} ms: {}", self.ms(t0), out.stdout.trim());
+        }
         if took >= HARD {
             bump(&self.stats.hangs);
             self.violation(format!(
@@ -1292,6 +1297,28 @@ fn check_ghosts(world: &World) {
 
 // ------------------------------------------------------------------- main
 
+/// Violations counted by kind, for the summary line.
+fn by_kind(violations: &[String]) -> BTreeMap<&'static str, usize> {
+    let mut m = BTreeMap::new();
+    for v in violations {
+        let kind = [
+            "time safety",
+            "overlapping writes",
+            "fence went backwards",
+            "ghost lock",
+            "still held",
+            "slow answer",
+            "hang",
+            "unexpected answer",
+        ]
+        .into_iter()
+        .find(|k| v.contains(k))
+        .unwrap_or("other");
+        *m.entry(kind).or_default() += 1;
+    }
+    m
+}
+
 /// Sets `stop` when dropped, so that a panic never leaves threads looping.
 struct StopOnDrop<'a>(&'a AtomicBool);
 
@@ -1336,6 +1363,7 @@ fn etcd_nemesis() {
         faults: Mutex::default(),
         known: Mutex::default(),
         spans: Mutex::default(),
+        slowest: Mutex::default(),
         violations: Mutex::default(),
         inflight: Mutex::default(),
     };
@@ -1385,8 +1413,8 @@ fn etcd_nemesis() {
     eprintln!(
         "etcd nemesis: seed {seed}, {:.0} s: {} commands, {} acquired ({} takeovers, {} through run, {} runs lost their lease), \
          {} already_running, {} store_unavailable, {} checks held, {} checks lost, {} released, {} release refused/not_held, \
-         {writes} writes, {excused} overlaps excused (a lease already seen ended), slowest answer {} ms, {} over bound, {} hangs; \
-         faults {faults:?}; {} violations",
+         {writes} writes, {excused} overlaps excused (a lease already seen ended), slowest answer {} ms ({}), {} over bound, {} hangs; \
+         faults {faults:?}; {} violations {:?}",
         load.as_secs_f64(),
         get(&st.commands),
         get(&st.acquired),
@@ -1400,9 +1428,11 @@ fn etcd_nemesis() {
         get(&st.released),
         get(&st.release_refused),
         get(&st.max_ms),
+        world.slowest.lock().unwrap(),
         get(&st.over_bound),
         get(&st.hangs),
-        violations.len()
+        violations.len(),
+        by_kind(&violations)
     );
     assert!(
         violations.is_empty(),
