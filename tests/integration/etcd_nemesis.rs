@@ -47,7 +47,7 @@
 //! only: members' clients 24501-24503, peers 24511-24513, proxies
 //! 24521-24523.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
@@ -849,7 +849,7 @@ fn run_worker(world: &World, id: usize, seed: u64, stop: &AtomicBool) {
             .args([
                 "--ignored",
                 "--exact",
-                "run_writer",
+                "etcd_nemesis::run_writer",
                 "--nocapture",
                 "--test-threads=1",
                 "-q",
