@@ -21,6 +21,7 @@ mod docs;
 mod edges;
 mod etcd_faults;
 mod etcd_leases;
+mod etcd_nemesis;
 mod etcd_tls;
 mod example;
 mod fs_store;
