@@ -33,6 +33,9 @@ pub struct Environment {
     pub path: Option<OsString>,
     /// This program, when the OS says where it is.
     pub exe: Option<PathBuf>,
+    /// Started by uv (`uvx`, `uv run`, `uv tool run` set `UV`): uv then put
+    /// its tool environment's `bin/` first on `PATH`, for this process only.
+    pub under_uv: bool,
 }
 
 impl Environment {
@@ -54,6 +57,7 @@ impl Environment {
             launcher: var("SKILL_LOCK_LAUNCHER"),
             path: var("PATH"),
             exe: std::env::current_exe().ok(),
+            under_uv: var("UV").is_some(),
         })
     }
 }

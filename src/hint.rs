@@ -8,7 +8,6 @@
 //! (`--store`, made absolute) or the project root (`--root`) so that it
 //! reaches the same lock from any directory. Every word is shell-quoted.
 
-use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -70,15 +69,30 @@ fn launcher(env: &Environment) -> String {
     let Some(exe) = &env.exe else {
         return "skill-lock".to_owned();
     };
-    match on_path(env.path.as_deref(), "skill-lock") {
+    match on_path(&shell_path(env, exe), "skill-lock") {
         Some(found) if same_file(&found, exe) => "skill-lock".to_owned(),
         _ => shell_quote(&exe.display().to_string()),
     }
 }
 
-/// The first executable file called `name` in the directories of `path`, as a shell finds it.
-fn on_path(path: Option<&OsStr>, name: &str) -> Option<PathBuf> {
-    std::env::split_paths(path?)
+/// `PATH` as the operator's shell has it: under uv (`uvx --from ...`), the
+/// first entry is uv's tool environment, which only this process sees, so a
+/// hint that relied on it would say "command not found" when pasted.
+fn shell_path(env: &Environment, exe: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = env
+        .path
+        .as_deref()
+        .map(|p| std::env::split_paths(p).collect())
+        .unwrap_or_default();
+    if env.under_uv && dirs.first().map(PathBuf::as_path) == exe.parent() {
+        dirs.remove(0);
+    }
+    dirs
+}
+
+/// The first executable file called `name` in `dirs`, as a shell finds it.
+fn on_path(dirs: &[PathBuf], name: &str) -> Option<PathBuf> {
+    dirs.iter()
         .filter(|dir| dir.is_absolute())
         .map(|dir| dir.join(name))
         .find(|candidate| is_executable(candidate))
@@ -122,6 +136,25 @@ mod tests {
         assert_eq!(shell_quote("apache/airflow"), "apache/airflow");
         assert_eq!(shell_quote("/a b/c'd"), r"'/a b/c'\''d'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn uvs_own_path_entry_is_not_the_shells() {
+        let env = |under_uv| Environment {
+            cwd: PathBuf::from("/w"),
+            store: None,
+            launcher: None,
+            path: Some("/cache/env/bin:/usr/bin".into()),
+            exe: None,
+            under_uv,
+        };
+        let exe = Path::new("/cache/env/bin/skill-lock");
+        assert_eq!(shell_path(&env(true), exe), [PathBuf::from("/usr/bin")]);
+        assert_eq!(shell_path(&env(false), exe).len(), 2);
+        assert_eq!(
+            shell_path(&env(true), Path::new("/elsewhere/skill-lock")).len(),
+            2
+        );
     }
 
     #[test]
