@@ -358,6 +358,9 @@ impl FileStore {
 
     /// Refuses a record from another machine on a network file system.
     fn check_coherent(&self, current: &Current) -> Result<()> {
+        if self.network().is_none() {
+            return Ok(()); // the common case: no hostname to look up per lock
+        }
         if let Current::Held(rec) = current
             && let Some(why) = refuse_foreign(
                 self.network(),
@@ -703,7 +706,11 @@ fn read_lock_dir_with(path: &Path, between: &mut dyn FnMut()) -> Result<Current>
         if !meta.is_file() {
             return Ok(not_a("file", &record));
         }
-        let mut bytes = Vec::new();
+        // Sized to the file, so a record is read in one call (plus the EOF).
+        let size = usize::try_from(meta.len())
+            .unwrap_or(0)
+            .min(MAX_RECORD_BYTES);
+        let mut bytes = Vec::with_capacity(size + 1);
         file.take(u64::try_from(MAX_RECORD_BYTES).unwrap_or(u64::MAX) + 1)
             .read_to_end(&mut bytes)
             .map_err(|e| Error::io("read", &record, e))?;
