@@ -238,28 +238,37 @@ pub fn get_prefix(prefix: &str) -> RangeRequest {
     }
 }
 
+/// `key`'s `target` equals `value`.
+fn equal(
+    key: &str,
+    target: proto::compare::CompareTarget,
+    value: proto::compare::TargetUnion,
+) -> Compare {
+    Compare {
+        result: proto::compare::CompareResult::Equal.into(),
+        target: target.into(),
+        key: key.as_bytes().to_vec(),
+        target_union: Some(value),
+        range_end: Vec::new(),
+    }
+}
+
 /// Compares the key's create revision (0: the key does not exist).
 #[must_use]
 pub fn created_at(key: &str, revision: i64) -> Compare {
-    Compare {
-        result: proto::compare::CompareResult::Equal.into(),
-        target: proto::compare::CompareTarget::Create.into(),
-        key: key.as_bytes().to_vec(),
-        target_union: Some(proto::compare::TargetUnion::CreateRevision(revision)),
-        range_end: Vec::new(),
-    }
+    use proto::compare::{CompareTarget, TargetUnion};
+    equal(
+        key,
+        CompareTarget::Create,
+        TargetUnion::CreateRevision(revision),
+    )
 }
 
 /// Compares the key's last modification revision.
 #[must_use]
 pub fn modified_at(key: &str, revision: i64) -> Compare {
-    Compare {
-        result: proto::compare::CompareResult::Equal.into(),
-        target: proto::compare::CompareTarget::Mod.into(),
-        key: key.as_bytes().to_vec(),
-        target_union: Some(proto::compare::TargetUnion::ModRevision(revision)),
-        range_end: Vec::new(),
-    }
+    use proto::compare::{CompareTarget, TargetUnion};
+    equal(key, CompareTarget::Mod, TargetUnion::ModRevision(revision))
 }
 
 /// A put inside a transaction (`lease` 0: none).

@@ -111,24 +111,14 @@ impl EtcdConfig {
                     ))
                 })?,
         };
-        let identity = match (env("SKILL_LOCK_ETCD_CERT"), env("SKILL_LOCK_ETCD_KEY")) {
-            (Some(c), Some(k)) => Some((c, k)),
-            (None, None) => None,
-            _ => {
-                return Err(Error::Usage(
-                    "set both SKILL_LOCK_ETCD_CERT and SKILL_LOCK_ETCD_KEY, or neither".into(),
-                ));
-            }
+        // Variables that only make sense together: both, or neither.
+        let pair = |a: &str, b: &str| match (env(a), env(b)) {
+            (Some(x), Some(y)) => Ok(Some((x, y))),
+            (None, None) => Ok(None),
+            _ => Err(Error::Usage(format!("set both {a} and {b}, or neither"))),
         };
-        let user = match (env("SKILL_LOCK_ETCD_USER"), env("SKILL_LOCK_ETCD_PASSWORD")) {
-            (Some(u), Some(p)) => Some((u, p)),
-            (None, None) => None,
-            _ => {
-                return Err(Error::Usage(
-                    "set both SKILL_LOCK_ETCD_USER and SKILL_LOCK_ETCD_PASSWORD, or neither".into(),
-                ));
-            }
-        };
+        let identity = pair("SKILL_LOCK_ETCD_CERT", "SKILL_LOCK_ETCD_KEY")?;
+        let user = pair("SKILL_LOCK_ETCD_USER", "SKILL_LOCK_ETCD_PASSWORD")?;
         Ok(Self {
             endpoints,
             prefix,
