@@ -365,6 +365,18 @@ fn run_on_a_frozen_cluster_stops_its_command_before_the_lease_ends() {
     for i in 0..3 {
         c.signal(i, libc::SIGSTOP);
     }
+    // Bounded: a run that never stops its command is the failure itself.
+    let mut child = child;
+    while child.try_wait().unwrap().is_none() {
+        if wall_ns() - frozen_at > 30_000_000_000 {
+            let _ = child.kill();
+            for i in 0..3 {
+                c.signal(i, libc::SIGCONT);
+            }
+            panic!("run still running 30 s after the cluster froze (lease 4 s)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out = child.wait_with_output().unwrap();
     let stopped_after = Duration::from_nanos(u64::try_from(wall_ns() - frozen_at).unwrap());
     for i in 0..3 {
