@@ -8,7 +8,7 @@ use crate::common;
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -659,6 +659,43 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// `run --ttl TTL` of a [`writer_cmd`] CMD, with its witness and pid files.
+struct WriterRun {
+    ttl: &'static str,
+    tail: &'static str,
+    witness: PathBuf,
+    pidfile: PathBuf,
+}
+
+impl WriterRun {
+    fn new(env: &TestEnv, ttl: &'static str, tail: &'static str) -> Self {
+        Self {
+            ttl,
+            tail,
+            witness: env.path("W"),
+            pidfile: env.path("P"),
+        }
+    }
+
+    /// The words after `skill-lock`.
+    fn args(&self) -> Vec<&str> {
+        let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", self.ttl];
+        args.extend(writer_cmd(
+            self.tail,
+            self.witness.to_str().unwrap(),
+            self.pidfile.to_str().unwrap(),
+        ));
+        args
+    }
+
+    /// The background writer's pid once it runs, and a guard that kills it
+    /// if the test fails.
+    fn writer(&self) -> (i32, KillOnDrop) {
+        let writer: i32 = until_file(&self.pidfile).trim().parse().unwrap();
+        (writer, KillOnDrop::new(writer))
+    }
+}
+
 /// A CMD whose background child appends `$SKILL_LOCK_FENCE` to `$1` every
 /// 20 ms and records its pid in `$2`; the shell itself then does `tail`.
 fn writer_cmd<'a>(tail: &'a str, witness: &'a str, pidfile: &'a str) -> Vec<&'a str> {
@@ -710,21 +747,16 @@ fn write_as(witness: &Path, fence: u64) {
 fn sigkill_of_run_leaves_no_background_writer_beside_the_next_holder() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let (witness, pidfile) = (env.path("W"), env.path("P"));
-    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "8"];
-    args.extend(writer_cmd(
-        "wait",
-        witness.to_str().unwrap(),
-        pidfile.to_str().unwrap(),
-    ));
+    let w = WriterRun::new(&env, "8", "wait");
+    let args = w.args();
+    let witness = w.witness.clone();
     let mut child = command(&env, &repo, &args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop::new(writer);
+    let (writer, _cleanup) = w.writer();
     until_file(&witness);
     signal(pid_of(&child), libc::SIGKILL);
     child.wait().unwrap();
@@ -740,21 +772,16 @@ fn sigkill_of_run_leaves_no_background_writer_beside_the_next_holder() {
 fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let (witness, pidfile) = (env.path("W"), env.path("P"));
-    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "1"];
-    args.extend(writer_cmd(
-        "wait",
-        witness.to_str().unwrap(),
-        pidfile.to_str().unwrap(),
-    ));
+    let w = WriterRun::new(&env, "1", "wait");
+    let args = w.args();
+    let witness = w.witness.clone();
     let mut child = command(&env, &repo, &args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop::new(writer);
+    let (writer, _cleanup) = w.writer();
     let held = until_held(&env, &repo);
     let pgid = i32::try_from(held["holder"]["owner_pgid"].as_u64().expect("owner_pgid")).unwrap();
     // Nothing of skill-lock is left to stop the group: the wrapper and the
@@ -793,16 +820,11 @@ fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
 fn cmd_leaving_a_background_job_has_it_stopped_before_the_release() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let (witness, pidfile) = (env.path("W"), env.path("P"));
-    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "8"];
-    args.extend(writer_cmd(
-        "exit",
-        witness.to_str().unwrap(),
-        pidfile.to_str().unwrap(),
-    ));
+    let w = WriterRun::new(&env, "8", "exit");
+    let args = w.args();
+    let witness = w.witness.clone();
     let out = finish(spawn(&env, &repo, &args), Duration::from_secs(20));
-    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop::new(writer);
+    let (writer, _cleanup) = w.writer();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "CMD's own status: {stderr}");
     let v = last_json(&stderr);
@@ -825,16 +847,11 @@ fn cmd_leaving_a_background_job_has_it_stopped_before_the_release() {
 fn a_forced_release_stops_the_whole_group() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let (witness, pidfile) = (env.path("W"), env.path("P"));
-    let mut args = vec!["run", SKILL, "--repo", REPO, "--ttl", "3"];
-    args.extend(writer_cmd(
-        "wait",
-        witness.to_str().unwrap(),
-        pidfile.to_str().unwrap(),
-    ));
+    let w = WriterRun::new(&env, "3", "wait");
+    let args = w.args();
+    let witness = w.witness.clone();
     let child = spawn(&env, &repo, &args);
-    let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
-    let _cleanup = KillOnDrop::new(writer);
+    let (writer, _cleanup) = w.writer();
     until_file(&witness);
     lock(&env, &repo, &["release", SKILL, "--repo", REPO, "--force"]).expect(0, "released");
     let out = finish(child, Duration::from_secs(15));
