@@ -24,9 +24,10 @@
 //!   and believes "a directory without a record" only when that same
 //!   directory is still the lock, so it never reports a healthy lock corrupt;
 //! - a lock directory appears only by renaming a fully written directory into
-//!   place, a record is replaced only by renaming a fully written file over
-//!   it, and a lock disappears only by being renamed to a tombstone; readers
-//!   therefore never see a partial state, and need no guard;
+//!   place, a record is replaced (renew, takeover) only by renaming a fully
+//!   written file over it, and a lock disappears only by being renamed to a
+//!   tombstone (release); readers therefore never see a partial state, and
+//!   never see a lock free while it passes from one holder to the next;
 //! - the fence counter is written (by rename) before the lock that carries
 //!   the new fence is published, so it never falls behind a published fence;
 //!   a damaged or missing counter is rebuilt from the record and the history,
@@ -547,16 +548,13 @@ impl FileStore {
         }
     }
 
-    /// Publishes a new record for `key`: fence, build, (bury), rename into place.
-    /// Sets `buried` once the old lock is gone, so a failure after that point
-    /// is reported for what it did.
-    fn publish(
+    /// Gives `rec` the lock's next fence, written to the counter first, so
+    /// the counter never falls behind a published fence.
+    fn with_next_fence(
         &self,
         key: &LockKey,
         mut rec: OwnerRecord,
-        takeover: bool,
         seen_fence: u64,
-        buried: &mut bool,
     ) -> Result<OwnerRecord> {
         let fence = self.next_fence(key, seen_fence)?;
         rec.holder.fence = fence;
@@ -565,8 +563,36 @@ impl FileStore {
             &self.keys(key, "fence"),
             format!("{fence}\n").as_bytes(),
         )?;
+        Ok(rec)
+    }
+
+    /// Replaces the record inside the lock directory (one rename of a fully
+    /// written file over it): the lock is the old record or the new one to
+    /// every reader, never absent.
+    fn replace_record(&self, key: &LockKey, rec: &OwnerRecord) -> Result<()> {
+        let dir = self.lock_dir(key);
+        replace_file(
+            &dir.join("owner.json.tmp"),
+            &dir.join(RECORD),
+            &rec.to_bytes()?,
+        )
+    }
+
+    /// Publishes a new record for `key` where there is no lock directory with
+    /// a record: fence, build, (bury what is there), rename into place.
+    /// Sets `buried` once the old state is gone, so a failure after that
+    /// point is reported for what it did.
+    fn publish(
+        &self,
+        key: &LockKey,
+        rec: OwnerRecord,
+        bury_first: bool,
+        seen_fence: u64,
+        buried: &mut bool,
+    ) -> Result<OwnerRecord> {
+        let rec = self.with_next_fence(key, rec, seen_fence)?;
         let built = self.build(key, &rec)?;
-        let tomb = if takeover { self.bury(key)? } else { None };
+        let tomb = if bury_first { self.bury(key)? } else { None };
         *buried = tomb.is_some();
         let lock = self.lock_dir(key);
         rename_noreplace(&built, &lock).map_err(|e| Error::io("publish", &lock, e))?;
@@ -596,14 +622,20 @@ impl FileStore {
         match change {
             Change::Keep => Ok(None),
             Change::Create(rec) => self.publish(key, rec, false, seen_fence, buried).map(Some),
+            // A stale lock with a record is taken over in place, as a renew
+            // rewrites it: the lock never passes through "free" on the way
+            // from its old holder to its new one, so a reader without the
+            // guard (status, check, a release's first look) never sees it
+            // free. Only a damaged lock (no directory with a record file)
+            // is buried first; it was held by no one.
+            Change::Takeover(rec) if matches!(current, Current::Held(_)) => {
+                let rec = self.with_next_fence(key, rec, seen_fence)?;
+                self.replace_record(key, &rec)?;
+                Ok(Some(rec))
+            }
             Change::Takeover(rec) => self.publish(key, rec, true, seen_fence, buried).map(Some),
             Change::Rewrite(rec) => {
-                let dir = self.lock_dir(key);
-                replace_file(
-                    &dir.join("owner.json.tmp"),
-                    &dir.join(RECORD),
-                    &rec.to_bytes()?,
-                )?;
+                self.replace_record(key, &rec)?;
                 Ok(Some(rec))
             }
             Change::Delete => {
@@ -904,6 +936,81 @@ mod tests {
         // A directory that truly has no record, still in place, is corrupt.
         std::fs::create_dir(&path).unwrap();
         assert!(matches!(read_lock_dir(&path).unwrap(), Current::Corrupt(_)));
+    }
+
+    /// A takeover replaces the record in place: a reader without the guard
+    /// sees the old holder or the new one, never a free lock (before, the
+    /// stale lock was buried and the new one renamed in after it, and a
+    /// release's first look could answer `not_held` in that gap).
+    #[test]
+    fn a_reader_never_sees_a_lock_free_while_it_is_taken_over() {
+        use crate::engine::Clock;
+        use crate::lease::Now;
+        const TAKEOVERS: i64 = 400;
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path());
+        let key = LockKey::new("s", "o/r").unwrap();
+        let path = store.lock_dir(&key);
+        // Each acquire's clock is past the previous lease: every one after
+        // the first is a takeover of an expired lock.
+        let at = |i: i64| {
+            let now = Now {
+                wall_ms: 1_800_000_000_000 + i * 10_000,
+                boot: None,
+            };
+            Context {
+                host: "h".into(),
+                now: now.clone(),
+                clock: Clock::Fixed(now),
+            }
+        };
+        let req = AcquireRequest {
+            ttl: 1,
+            note: None,
+            owner_pid: None,
+            owner_pgid: None,
+        };
+        engine::acquire(&store, &key, &req, &at(0)).unwrap();
+        let done = AtomicBool::new(false);
+        let (reads, free) = std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let (mut reads, mut free) = (0u64, 0u64);
+                while !done.load(Ordering::Relaxed) {
+                    match read_lock_dir(&path).unwrap() {
+                        Current::Held(_) => {}
+                        Current::Free => free += 1,
+                        Current::Corrupt(why) => panic!("corrupt: {why}"),
+                    }
+                    reads += 1;
+                }
+                (reads, free)
+            });
+            for i in 1..=TAKEOVERS {
+                let got = engine::acquire(&store, &key, &req, &at(i)).unwrap();
+                assert!(
+                    matches!(
+                        &got,
+                        Acquire::Acquired {
+                            took_over: Some(_),
+                            ..
+                        }
+                    ),
+                    "{got:?}"
+                );
+            }
+            done.store(true, Ordering::Relaxed);
+            reader.join().unwrap()
+        });
+        assert!(reads > 0);
+        assert_eq!(free, 0, "{free} of {reads} reads saw the lock free");
+        assert!(
+            common_tombs_empty(&store),
+            "a takeover of a lock with a record leaves no tombstone"
+        );
+    }
+
+    fn common_tombs_empty(store: &FileStore) -> bool {
+        std::fs::read_dir(store.run.join("tombs")).map_or(true, |mut d| d.next().is_none())
     }
 
     #[test]

@@ -431,21 +431,8 @@ fn release_with_nothing_held_needs_no_write() {
         "mount --bind {d} {d} && mount -o remount,ro,bind {d} && {BIN} release s --repo o/r",
         d = repo.display()
     );
-    let out = Command::new("unshare")
-        .args(["-r", "-m", "sh", "-c", &script])
-        .current_dir(&repo)
-        .output();
-    match out {
-        Ok(o) if o.status.code() != Some(0) && common::Out::from(o.clone()).json.is_null() => {
-            eprintln!(
-                "SKIPPED the read-only mount part: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
-        }
-        Ok(o) => {
-            common::Out::from(o).expect(0, "not_held");
-        }
-        Err(e) => eprintln!("SKIPPED the read-only mount part: no unshare ({e})"),
+    if let Some(out) = in_private_mounts(&repo, &script) {
+        out.expect(0, "not_held");
     }
 }
 
@@ -532,31 +519,21 @@ fn a_takeover_whose_publish_fails_records_what_it_did() {
     let env = TestEnv::new();
     let repo = bare_checkout(&env, "r");
     acquire(&env, &repo, &["--ttl", "1"]).expect(0, "acquired");
-    std::thread::sleep(Duration::from_millis(2100));
+    // A damaged lock (its record unreadable) is the one kind a takeover
+    // buries before it publishes; a lock with a record is rewritten in place.
+    let record = run_dir(&repo)
+        .join("locks")
+        .join(format!("{NAME}.lock/owner.json"));
+    std::fs::write(&record, "{ not json").unwrap();
     // run/tmp on another file system: the new lock is built there but cannot
-    // be renamed into run/locks (EXDEV), after the stale lock was buried.
+    // be renamed into run/locks (EXDEV), after the damaged lock was buried.
     let tmp = run_dir(&repo).join("tmp");
     let script = format!(
         "mount -t tmpfs none {} && exec {BIN} acquire s --repo o/r",
         tmp.display()
     );
-    let out = Command::new("unshare")
-        .args(["-r", "-m", "sh", "-c", &script])
-        .current_dir(&repo)
-        .output();
-    let out = match out {
-        Ok(o) if common::Out::from(o.clone()).json.is_null() => {
-            eprintln!(
-                "SKIPPED: no private tmpfs mount here: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
-            return;
-        }
-        Ok(o) => common::Out::from(o),
-        Err(e) => {
-            eprintln!("SKIPPED: no unshare ({e})");
-            return;
-        }
+    let Some(out) = in_private_mounts(&repo, &script) else {
+        return;
     };
     out.expect_error("io");
     assert_eq!(status(&env, &repo)["state"], "free");
@@ -576,5 +553,58 @@ fn a_takeover_whose_publish_fails_records_what_it_did() {
         last["reason"].as_str().unwrap().contains("not published"),
         "{last}"
     );
-    assert_eq!(last["previous"]["fence"], 1);
+}
+
+/// A takeover of a stale lock with a record rewrites the record in place;
+/// when that write fails, the stale lock is exactly as it was (no gap in
+/// which it was free, no history event), and the next takeover works.
+#[test]
+fn a_takeover_that_cannot_write_leaves_the_stale_lock_as_it_was() {
+    let env = TestEnv::new();
+    let repo = bare_checkout(&env, "r");
+    acquire(&env, &repo, &["--ttl", "1"]).expect(0, "acquired");
+    std::thread::sleep(Duration::from_millis(2100));
+    let before = status(&env, &repo);
+    let lock = run_dir(&repo).join("locks").join(format!("{NAME}.lock"));
+    // The lock directory read-only (a bind mount, which binds root too).
+    let script = format!(
+        "mount --bind {0} {0} && mount -o remount,bind,ro {0} && exec {BIN} acquire s --repo o/r",
+        lock.display()
+    );
+    let Some(out) = in_private_mounts(&repo, &script) else {
+        return;
+    };
+    out.expect_error("io");
+    let after = status(&env, &repo);
+    assert_eq!(after["holder"], before["holder"], "{after}");
+    assert_eq!(after["state"], before["state"], "{after}");
+    let h = env.cmd(&repo).args(["history", "s", "--repo", "o/r"]).run();
+    let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
+    assert_eq!(events.len(), 1, "only the first acquire: {events:?}");
+    let v = acquire(&env, &repo, &[]).expect(0, "acquired").clone();
+    assert_eq!(v["took_over"]["holder"]["fence"], 1, "{v}");
+    assert!(v["fence"].as_u64().unwrap() > 1, "{v}");
+}
+
+/// Runs `script` with `sh` in a private user and mount namespace (so it may
+/// mount); None (the test is skipped, and says so) where that is not allowed.
+fn in_private_mounts(repo: &Path, script: &str) -> Option<common::Out> {
+    let out = Command::new("unshare")
+        .args(["-r", "-m", "sh", "-c", script])
+        .current_dir(repo)
+        .output();
+    match out {
+        Ok(o) if common::Out::from(o.clone()).json.is_null() => {
+            eprintln!(
+                "SKIPPED: no private mounts here: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            None
+        }
+        Ok(o) => Some(common::Out::from(o)),
+        Err(e) => {
+            eprintln!("SKIPPED: no unshare ({e})");
+            None
+        }
+    }
 }
