@@ -25,7 +25,9 @@
 //!    released: if this wrapper is SIGKILLed at any point, the keeper sees
 //!    its pipe close and stops the group (SIGTERM, grace, SIGKILL). Until the
 //!    group is gone the lock stays held on this machine, so no second writer
-//!    starts meanwhile.
+//!    starts meanwhile. The wrapper also sends it each moment to stop at
+//!    (step 4), so a wrapper that is stopped or starved, not dead, still has
+//!    its group stopped before the confirmed lease ends.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -88,16 +90,12 @@ pub fn prepare() {
 /// counts sleep too), as time since an arbitrary origin.
 #[must_use]
 pub fn lease_clock() -> Duration {
-    #[cfg(target_os = "linux")]
-    let id = libc::CLOCK_BOOTTIME;
-    #[cfg(not(target_os = "linux"))]
-    let id = libc::CLOCK_MONOTONIC;
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: ts is a valid timespec to write into.
-    if unsafe { libc::clock_gettime(id, &raw mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(LEASE_CLOCK, &raw mut ts) } != 0 {
         return Duration::ZERO;
     }
     Duration::new(
@@ -105,6 +103,12 @@ pub fn lease_clock() -> Duration {
         u32::try_from(ts.tv_nsec).unwrap_or(0),
     )
 }
+
+/// The id of [`lease_clock`]'s clock (the keeper reads it too).
+#[cfg(target_os = "linux")]
+const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_BOOTTIME;
+#[cfg(not(target_os = "linux"))]
+const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_MONOTONIC;
 
 /// Finds CMD's program as exec would (a name with a `/` as given, else the
 /// first executable file of that name on PATH), so that a command that
@@ -273,9 +277,13 @@ impl Renewer {
 /// switch: forked before the lock is taken, it waits on a pipe. Once CMD
 /// has joined the group, the wrapper moves it back to its own group (so the
 /// group is exactly CMD and what CMD starts, and its id stays reserved by
-/// the keeper's pid); a byte on the pipe lets it exit quietly. The pipe
-/// closing without one (the wrapper died, however) makes it stop the group:
-/// SIGTERM and SIGCONT, the grace, then SIGKILL.
+/// the keeper's pid). The wrapper sends it the moment to stop at (the last
+/// confirmed lease end less the margin) after the acquire and after every
+/// confirmed renewal, and a quit message once the lock is released. The
+/// pipe closing without a quit (the wrapper died, however), or the stop
+/// moment passing with no newer one (the wrapper stopped, frozen or
+/// starved), makes it stop the group: SIGTERM and SIGCONT, the grace, then
+/// SIGKILL.
 #[derive(Debug)]
 pub struct Keeper {
     pid: libc::pid_t,
@@ -309,8 +317,14 @@ impl Keeper {
             )));
         }
         // SAFETY: setpgid on our own child; both sides set it, so the group
-        // exists once this returns, whichever ran first.
-        unsafe { libc::setpgid(pid, pid) };
+        // exists once this returns, whichever ran first. fcntl on our own
+        // descriptor: a keeper that stopped reading (itself stopped) must
+        // never block the wrapper's watch on a full pipe.
+        unsafe {
+            libc::setpgid(pid, pid);
+            let flags = libc::fcntl(wfd, libc::F_GETFL);
+            libc::fcntl(wfd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
         drop(reader);
         Ok(Self {
             pid,
@@ -331,10 +345,29 @@ impl Keeper {
         unsafe { libc::setpgid(self.pid, libc::getpgrp()) };
     }
 
+    /// Tells the keeper to stop the group itself at `stop_at` on the lease
+    /// clock unless a later moment comes first.
+    pub fn arm(&mut self, stop_at: Duration) {
+        let ms = u64::try_from(stop_at.as_millis()).unwrap_or(u64::MAX);
+        self.send(KEEPER_STOP_AT, ms);
+    }
+
+    /// One message (a single write below `PIPE_BUF`, so never torn); lost
+    /// only when the keeper has gone or stopped reading.
+    fn send(&mut self, kind: u8, value: u64) {
+        if let Some(pipe) = &mut self.pipe {
+            let mut msg = [kind; KEEPER_MSG];
+            if let Some(rest) = msg.get_mut(1..) {
+                rest.copy_from_slice(&value.to_le_bytes());
+            }
+            let _ = pipe.write_all(&msg);
+        }
+    }
+
     /// Lets the keeper exit quietly and reaps it.
     pub fn quit(&mut self) {
-        if let Some(mut pipe) = self.pipe.take() {
-            let _ = pipe.write_all(b"q");
+        self.send(KEEPER_QUIT, 0);
+        if let Some(pipe) = self.pipe.take() {
             drop(pipe);
             let mut status = 0;
             // SAFETY: waitpid on our own child.
@@ -349,12 +382,37 @@ impl Drop for Keeper {
     }
 }
 
-/// The keeper's life after fork.
+/// A keeper message: one kind byte, then a little-endian u64.
+const KEEPER_MSG: usize = 9;
+/// "Exit quietly": the lock is released.
+const KEEPER_QUIT: u8 = b'q';
+/// "Stop the group at this millisecond of the lease clock".
+const KEEPER_STOP_AT: u8 = b'd';
+
+/// Milliseconds of the lease clock (async-signal-safe).
+///
+/// # Safety
+/// Callable in a forked child.
+unsafe fn keeper_clock_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write into.
+    unsafe { libc::clock_gettime(LEASE_CLOCK, &raw mut ts) };
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let millis = u64::try_from(ts.tv_nsec / 1_000_000).unwrap_or(0);
+    secs.saturating_mul(1000).saturating_add(millis)
+}
+
+/// The keeper's life after fork: read messages until a quit (exit), the
+/// end of the pipe or the stop moment (stop the group).
 ///
 /// # Safety
 /// Only in the child of `fork`, with `rfd`/`wfd` the two ends of its pipe.
 unsafe fn keeper_child(rfd: libc::c_int, wfd: libc::c_int, grace: libc::timespec) -> ! {
-    // SAFETY: async-signal-safe calls on valid descriptors.
+    // SAFETY: async-signal-safe calls (poll, read, clock_gettime, kill,
+    // nanosleep, _exit) on valid descriptors; no allocation, no panic.
     unsafe {
         libc::setpgid(0, 0);
         let group = libc::getpid();
@@ -363,17 +421,58 @@ unsafe fn keeper_child(rfd: libc::c_int, wfd: libc::c_int, grace: libc::timespec
         for fd in 0..3 {
             libc::close(fd);
         }
-        let mut byte = 0u8;
-        let n = loop {
-            let n = libc::read(rfd, (&raw mut byte).cast(), 1);
-            if n >= 0 || *errno() != libc::EINTR {
-                break n;
+        let mut buf = [0u8; KEEPER_MSG * 16];
+        let mut len = 0usize;
+        let mut stop_at: Option<u64> = None;
+        loop {
+            let timeout = match stop_at {
+                None => -1,
+                Some(at) => {
+                    let now = keeper_clock_ms();
+                    if now >= at {
+                        break; // the wrapper confirmed nothing newer in time
+                    }
+                    libc::c_int::try_from(at - now).unwrap_or(libc::c_int::MAX)
+                }
+            };
+            let mut pfd = libc::pollfd {
+                fd: rfd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ready = libc::poll(&raw mut pfd, 1, timeout);
+            if ready == 0 || (ready < 0 && *errno() == libc::EINTR) {
+                continue;
             }
-        };
-        if n == 1 {
-            libc::_exit(0);
+            let free = buf.len().saturating_sub(len);
+            let n = if ready < 0 {
+                -1
+            } else {
+                libc::read(rfd, buf.as_mut_ptr().add(len).cast(), free)
+            };
+            if n < 0 && *errno() == libc::EINTR {
+                continue;
+            }
+            let Ok(n @ 1..) = usize::try_from(n) else {
+                break; // the wrapper is gone: nothing renews the lease any more
+            };
+            len += n;
+            let mut at = 0;
+            while len - at >= KEEPER_MSG {
+                let mut value = [0u8; 8];
+                for (i, v) in value.iter_mut().enumerate() {
+                    *v = buf.get(at + 1 + i).copied().unwrap_or(0);
+                }
+                match buf.get(at).copied() {
+                    Some(KEEPER_QUIT) => libc::_exit(0),
+                    Some(KEEPER_STOP_AT) => stop_at = Some(u64::from_le_bytes(value)),
+                    _ => {}
+                }
+                at += KEEPER_MSG;
+            }
+            buf.copy_within(at..len, 0);
+            len -= at;
         }
-        // The wrapper is gone: nothing renews the lease any more.
         libc::kill(-group, libc::SIGTERM);
         libc::kill(-group, libc::SIGCONT);
         let mut left = grace;
@@ -594,6 +693,8 @@ fn supervise<S: Store + Clone + Send + 'static>(
 ) -> Result<Ran> {
     let ctx = Context::here;
     let group = Group(keeper.pgid());
+    let mut renewer = Renewer::new(lease.ttl, lease.began);
+    keeper.arm(renewer.stop_at());
     let terminal = Terminal::ours_in_foreground();
     let mut child = match spawn(program, cmd, lease, group.0, terminal.as_ref()) {
         Ok(child) => child,
@@ -611,8 +712,7 @@ fn supervise<S: Store + Clone + Send + 'static>(
         let _ = exited.send(Event::Exited(child.wait()));
     });
     let renew = renewal_worker(store, lease, tx);
-    let mut renewer = Renewer::new(lease.ttl, lease.began);
-    let (end, renewals) = watch(&rx, &renew, &mut renewer, group);
+    let (end, renewals) = watch(&rx, &renew, &mut renewer, &mut keeper, group);
     drop(renew);
     // The keeper stays armed until the group is gone and the lock released:
     // were this wrapper killed meanwhile, it would still stop the group.
@@ -626,9 +726,10 @@ fn supervise<S: Store + Clone + Send + 'static>(
             }
             (Some(status), false, group.stop(grace))
         }
-        End::Lost => {
+        End::Lost(exited) => {
             let sig = group.stop(grace);
-            (wait_exit(&rx), true, sig.or(Some(libc::SIGTERM)))
+            let status = exited.or_else(|| wait_exit(&rx));
+            (status, true, sig.or(Some(libc::SIGTERM)))
         }
     };
     drop(terminal);
@@ -710,7 +811,8 @@ fn renewal_worker<S: Store + Clone + Send + 'static>(
 /// Why the watch ended.
 enum End {
     Exited(std::io::Result<ExitStatus>),
-    Lost,
+    /// The lease was lost or ends unconfirmed; CMD's exit, when already seen.
+    Lost(Option<std::io::Result<ExitStatus>>),
 }
 
 /// The supervisor's loop: forwards signals, schedules renewals, and ends
@@ -719,6 +821,7 @@ fn watch(
     rx: &mpsc::Receiver<Event>,
     renew: &mpsc::Sender<()>,
     renewer: &mut Renewer,
+    keeper: &mut Keeper,
     group: Group,
 ) -> (End, u64) {
     let mut renewals = 0;
@@ -729,7 +832,7 @@ fn watch(
                 "skill-lock run: no renewal confirmed the lease, which ends in {} ms; stopping the command's process group",
                 renewer.confirmed_end().saturating_sub(now).as_millis()
             );
-            return (End::Lost, renewals);
+            return (End::Lost(None), renewals);
         }
         if renewer.due(now) && renew.send(()).is_ok() {
             renewer.sent();
@@ -738,10 +841,19 @@ fn watch(
             Ok(Event::Signal(sig)) => {
                 signals::send_group(group.0, sig);
             }
+            Ok(Event::Exited(status)) if lease_clock() >= renewer.stop_at() => {
+                // This wrapper was stopped or starved past the stop moment,
+                // and the keeper stopped the group in its place.
+                eprintln!(
+                    "skill-lock run: no renewal confirmed the lease in time; the command's process group was stopped"
+                );
+                return (End::Lost(Some(status)), renewals);
+            }
             Ok(Event::Exited(status)) => return (End::Exited(status), renewals),
             Ok(Event::Renewal { began, result }) => match result {
                 Ok(Renew::Renewed { .. }) => {
                     renewer.confirmed(began);
+                    keeper.arm(renewer.stop_at());
                     renewals += 1;
                 }
                 Ok(Renew::NotOwner { holder }) => {
@@ -749,13 +861,13 @@ fn watch(
                         "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command's process group",
                         holder.host, holder.owner_pid, holder.fence
                     );
-                    return (End::Lost, renewals);
+                    return (End::Lost(None), renewals);
                 }
                 Ok(Renew::NotHeld { .. }) => {
                     eprintln!(
                         "skill-lock run: the lock was released by someone else; stopping the command's process group"
                     );
-                    return (End::Lost, renewals);
+                    return (End::Lost(None), renewals);
                 }
                 Err(e) => {
                     let left = renewer.confirmed_end().saturating_sub(lease_clock());

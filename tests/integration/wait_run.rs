@@ -942,6 +942,68 @@ fn failing_renewals_stop_the_group_before_the_confirmed_lease_ends() {
     );
 }
 
+/// The wrapper SIGSTOPped (a debugger, a frozen container, a starved
+/// machine): nothing renews and nothing watches the lease in it, so the
+/// keeper stops the group at the last confirmed end less the margin. On a
+/// network store no group liveness protects the lock after its lease, so
+/// this is what keeps the writer from outliving it there.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_wrapper_still_has_its_group_stopped_before_the_lease_ends() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let witness = env.path("W");
+    let script = r#"(while :; do cut -d' ' -f1 /proc/uptime >> "$1"; sleep 0.02; done) & wait"#;
+    let child = spawn(
+        &env,
+        &repo,
+        &[
+            "run",
+            SKILL,
+            "--repo",
+            REPO,
+            "--ttl",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            witness.to_str().unwrap(),
+        ],
+    );
+    let wrapper = pid_of(&child);
+    until_file(&witness);
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(wrapper, libc::SIGSTOP) };
+    let held = lock(&env, &repo, &["status", SKILL, "--repo", REPO]);
+    let deadline_ms = held.expect(0, "status")["holder"]["deadline_boot_ms"]
+        .as_u64()
+        .unwrap();
+    // Past the lease (2 s) and then some: had the group outlived it, the
+    // witness would still grow.
+    thread::sleep(Duration::from_millis(3000));
+    let times = uptimes(&witness);
+    thread::sleep(Duration::from_millis(300));
+    let later = uptimes(&witness).len();
+    // SAFETY: as above.
+    unsafe { libc::kill(wrapper, libc::SIGCONT) };
+    let out = finish(child, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(later, times.len(), "the group still writes: {stderr}");
+    let last = times.iter().copied().fold(0.0, f64::max);
+    // Whole 10 ms steps of /proc/uptime, rounded down: compare in ms.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let last_ms = (last * 1000.0).round() as u64;
+    assert!(
+        last_ms + 10 <= deadline_ms,
+        "a write at {last_ms} ms, after the confirmed lease end {deadline_ms} ms"
+    );
+    assert!(matches!(out.status.code(), Some(143 | 137)), "{stderr}");
+    assert_eq!(last_json(&stderr)["lost"], true, "{stderr}");
+}
+
 /// Has `pid` blocked SIGTERM yet (Linux); elsewhere, after a second.
 fn signals_blocked(pid: i32) -> bool {
     if !cfg!(target_os = "linux") {
