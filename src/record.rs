@@ -159,6 +159,14 @@ impl OwnerRecord {
                 bytes.len()
             ));
         }
+        // The common case, a record of this version, in one pass; anything
+        // else (another format, a damaged record) is looked at field by field.
+        if let Ok(rec) = serde_json::from_slice::<Self>(bytes)
+            && rec.holder.format == FORMAT
+            && is_hash(&rec.token_sha256)
+        {
+            return Ok(rec);
+        }
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
         if value.get("format").and_then(serde_json::Value::as_u64) != Some(u64::from(FORMAT)) {

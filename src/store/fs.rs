@@ -35,6 +35,7 @@
 //! - on a network file system, a record written by another machine is
 //!   refused (`store_unavailable`), since there `flock` is not coherent.
 
+use std::ffi::{CStr, CString};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -657,13 +658,23 @@ fn open_dir(path: &Path) -> std::io::Result<File> {
 
 /// Opens `name` inside the open directory `dir`, following no symlink and
 /// never blocking (a FIFO there is "not a file", not a hang).
-fn open_in(dir: &File, name: &std::ffi::CStr) -> std::io::Result<File> {
+fn open_in(dir: &File, name: &CStr) -> std::io::Result<File> {
+    open_at(dir, name, libc::O_NONBLOCK)
+}
+
+/// Opens the directory `name` inside the open directory `dir`, following
+/// no symlink (a lookup relative to one descriptor: `list` walks no path).
+fn open_dir_in(dir: &File, name: &CStr) -> std::io::Result<File> {
+    open_at(dir, name, libc::O_DIRECTORY)
+}
+
+fn open_at(dir: &File, name: &CStr, flags: libc::c_int) -> std::io::Result<File> {
     // SAFETY: dir is an open directory descriptor, name a valid C string.
     let fd = unsafe {
         libc::openat(
             dir.as_raw_fd(),
             name.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | flags,
         )
     };
     if fd < 0 {
@@ -696,14 +707,24 @@ fn not_a(what: &str, path: &Path) -> Current {
 /// (a published lock always has its record); when it was moved away in
 /// between (a release or takeover), the reader looks again.
 fn read_lock_dir(path: &Path) -> Result<Current> {
-    read_lock_dir_with(path, &mut || {})
+    read_lock_dir_with(path, None, &mut || {})
 }
 
-/// [`read_lock_dir`], running `between` after the directory is opened and
-/// before its record is (tests put a release or takeover there).
-fn read_lock_dir_with(path: &Path, between: &mut dyn FnMut()) -> Result<Current> {
+/// [`read_lock_dir`], with the lock directory found as `in_dir.1` inside
+/// the open directory `in_dir.0` when given (the last part of `path`), and
+/// running `between` after the directory is opened and before its record is
+/// (tests put a release or takeover there).
+fn read_lock_dir_with(
+    path: &Path,
+    in_dir: Option<(&File, &CStr)>,
+    between: &mut dyn FnMut(),
+) -> Result<Current> {
     for _ in 0..MAX_LOOKS {
-        let dir = match open_dir(path) {
+        let opened = match in_dir {
+            Some((parent, name)) => open_dir_in(parent, name),
+            None => open_dir(path),
+        };
+        let dir = match opened {
             Ok(d) => d,
             Err(e) if is_not_found(&e) => return Ok(Current::Free),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
@@ -719,7 +740,7 @@ fn read_lock_dir_with(path: &Path, between: &mut dyn FnMut()) -> Result<Current>
         };
         between();
         let record = path.join(RECORD);
-        let file = match open_in(&dir, c"owner.json") {
+        let mut file = match open_in(&dir, c"owner.json") {
             Ok(f) => f,
             Err(e) if is_not_found(&e) => {
                 if still_at(&dir, path)? {
@@ -738,14 +759,23 @@ fn read_lock_dir_with(path: &Path, between: &mut dyn FnMut()) -> Result<Current>
         if !meta.is_file() {
             return Ok(not_a("file", &record));
         }
-        // Sized to the file, so a record is read in one call (plus the EOF).
-        let size = usize::try_from(meta.len())
-            .unwrap_or(0)
-            .min(MAX_RECORD_BYTES);
-        let mut bytes = Vec::with_capacity(size + 1);
-        file.take(u64::try_from(MAX_RECORD_BYTES).unwrap_or(u64::MAX) + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io("read", &record, e))?;
+        // A published record is never written again (it is replaced by a
+        // rename), so its size is final: read exactly that, one call, no
+        // read for the end of file; one byte past the limit shows too big.
+        let want = usize::try_from(meta.len())
+            .unwrap_or(usize::MAX)
+            .min(MAX_RECORD_BYTES + 1);
+        let mut bytes = vec![0u8; want];
+        let mut got = 0;
+        while let Some(rest) = bytes.get_mut(got..).filter(|r| !r.is_empty()) {
+            match file.read(rest) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io("read", &record, e)),
+            }
+        }
+        bytes.truncate(got);
         return Ok(match OwnerRecord::parse(&bytes) {
             Ok(r) => Current::Held(r),
             Err(why) => Current::Corrupt(why),
@@ -865,9 +895,20 @@ impl Store for FileStore {
             Err(e) => return Err(Error::io("read", locks_dir, e)),
         }
         names.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
+        // Each lock is opened relative to one descriptor of locks/ (gone
+        // since it was listed: no lock left to show).
+        let parent = match open_dir(&locks_dir) {
+            Ok(d) => Some(d),
+            Err(e) if is_not_found(&e) => None,
+            Err(e) => return Err(Error::io("read", locks_dir, e)),
+        };
         for key in names {
-            let path = locks_dir.join(format!("{}{LOCK_SUFFIX}", key.name()));
-            let current = read_lock_dir(&path)?;
+            let Some(parent) = parent.as_ref() else { break };
+            let file_name = format!("{}{LOCK_SUFFIX}", key.name());
+            let path = locks_dir.join(&file_name);
+            let c_name = CString::new(file_name)
+                .map_err(|_| Error::io("read", &path, ErrorKind::InvalidInput.into()))?;
+            let current = read_lock_dir_with(&path, Some((parent, &c_name)), &mut || {})?;
             self.check_coherent(&current)?;
             if current != Current::Free {
                 visit(Listed::new(key, path.display().to_string(), current))?;
@@ -915,7 +956,7 @@ mod tests {
         // Between opening the directory and its record, the lock is released
         // and taken again, three times: the reader sees the last lock whole.
         let mut changes = 0;
-        let got = read_lock_dir_with(&path, &mut || {
+        let got = read_lock_dir_with(&path, None, &mut || {
             if changes < 3 {
                 engine::release(&store, &key, None, false, &ctx).unwrap();
                 acquire(&store, &key);
@@ -928,7 +969,7 @@ mod tests {
             "{got:?}"
         );
         // Released in between and not taken again: free, never corrupt.
-        let got = read_lock_dir_with(&path, &mut || {
+        let got = read_lock_dir_with(&path, None, &mut || {
             let _ = engine::release(&store, &key, None, false, &ctx);
         })
         .unwrap();
