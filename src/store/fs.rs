@@ -960,12 +960,11 @@ impl Store for FileStore {
                     .map_err(|_| Error::io("read", &path, ErrorKind::InvalidInput.into()))
             };
             let c_record = c_string(format!("{file_name}/{RECORD}"))?;
-            let current = match open_record_beneath(parent, &c_record) {
-                Some(file) => read_record(file, &path.join(RECORD))?,
-                None => {
-                    let c_name = c_string(file_name)?;
-                    read_lock_dir_with(&path, Some((parent, &c_name)), &mut || {})?
-                }
+            let current = if let Some(file) = open_record_beneath(parent, &c_record) {
+                read_record(file, &path.join(RECORD))?
+            } else {
+                let c_name = c_string(file_name)?;
+                read_lock_dir_with(&path, Some((parent, &c_name)), &mut || {})?
             };
             self.check_coherent(&current)?;
             if current != Current::Free {
