@@ -624,8 +624,10 @@ fn readers_do_not_block_on_the_guard_and_see_a_complete_state() {
 /// old directory away and the new one into place between those looks, so
 /// the reader finds the directory without a record and reports `corrupt`
 /// (status: stale/corrupt, check: not_owner with a null holder, list).
-/// Driven in-process through the library with a clock moved ahead so that
-/// every acquire is a takeover.
+/// A takeover now rewrites the record in place, so the reader must not see
+/// the lock free either (a release's first look answered `not_held` in the
+/// old gap). Driven in-process through the library with a clock moved ahead
+/// so that every acquire is a takeover.
 #[test]
 fn a_reader_never_sees_corrupt_during_a_takeover() {
     use skill_lock::engine::{self, AcquireRequest, Clock, Context};
@@ -647,13 +649,22 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
     let reads = AtomicUsize::new(0);
     let corrupt: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let mut takeovers = 0i64;
+    let takeovers_seen = AtomicBool::new(false);
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Current::Corrupt(why) = store.read(&key).unwrap() {
-                        corrupt.lock().unwrap().push(why);
-                        stop.store(true, Ordering::Relaxed);
+                    match store.read(&key).unwrap() {
+                        Current::Corrupt(why) => {
+                            corrupt.lock().unwrap().push(why);
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                        // Free only before the first acquire.
+                        Current::Free if takeovers_seen.load(Ordering::Relaxed) => {
+                            corrupt.lock().unwrap().push("free".to_owned());
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                        _ => {}
                     }
                     reads.fetch_add(1, Ordering::Relaxed);
                 }
@@ -682,6 +693,7 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
             );
             assert!(took_over || takeovers == 0, "not a takeover: {got:?}");
             takeovers += 1;
+            takeovers_seen.store(true, Ordering::Relaxed);
         }
         stop.store(true, Ordering::Relaxed);
     });
@@ -690,12 +702,12 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
         "{takeovers} takeovers, {} reads",
         reads.load(Ordering::Relaxed)
     );
-    assert!(takeovers > 100, "only {takeovers} takeovers");
     assert!(
         corrupt.is_empty(),
         "after {takeovers} takeovers and {} reads, a reader saw: {corrupt:?}",
         reads.load(Ordering::Relaxed)
     );
+    assert!(takeovers > 100, "only {takeovers} takeovers");
 }
 
 /// Was BUG-2 (docs/stress.md), fixed: an acquire reads the clock before it waits for
