@@ -55,16 +55,10 @@ fn lock_name(i: usize) -> String {
     format!("{skill}@{owner}__{name}")
 }
 
-/// `CLOCK_BOOTTIME` in nanoseconds: the clock of same-boot lease deadlines.
+/// The lease clock in nanoseconds (`CLOCK_BOOTTIME` on Linux): the clock of
+/// same-boot lease deadlines.
 fn boot_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write into.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME)");
-    u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
+    u64::try_from(skill_lock::run::lease_clock().as_nanos()).unwrap()
 }
 
 fn seed_from_env_or_clock() -> u64 {
