@@ -8,6 +8,14 @@
 //! [`ROTATE_EVENTS`] lines the file becomes `history.1.jsonl` (replacing the
 //! older one), so between [`ROTATE_EVENTS`] and twice that many events are
 //! kept, and the disk used is bounded. No event ever holds a token.
+//!
+//! No append is ever torn, even by SIGKILL: the kernel cuts a buffered
+//! write short on a fatal signal only between its page-cache chunks (a
+//! page, 4 KiB at least), so each write is kept inside one 4 KiB block of
+//! the file, filling the rest of a block with one blank line (spaces, which
+//! readers skip) where the next event would cross it. An event is in the
+//! file whole or not at all (one longer than a block, which no real event
+//! is, could still be cut).
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -22,6 +30,53 @@ use crate::record::{Holder, Timestamp};
 
 /// Events per history file before it is rotated.
 pub const ROTATE_EVENTS: u64 = 10_000;
+
+/// The span no single append write crosses (see the module docs).
+const BLOCK: u64 = 4096;
+
+/// The writes that append `lines` (each ending in a newline) at file offset
+/// `pos`, none crossing a [`BLOCK`] boundary except a single line longer
+/// than a block. Where a line would cross, the block is first filled with
+/// one blank line. `torn`: the file's last line has no newline (a crash in the
+/// middle of an older version's append), which the first write supplies so
+/// the torn line never swallows the next event.
+fn plan_appends(pos: u64, torn: bool, lines: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut writes = Vec::new();
+    let mut start = pos;
+    let mut cur: Vec<u8> = if torn { vec![b'\n'] } else { Vec::new() };
+    for line in lines {
+        let end = start + cur.len() as u64;
+        if end.is_multiple_of(BLOCK) && !cur.is_empty() {
+            // `cur` fills its block to the end: the next bytes start another.
+            writes.push(std::mem::take(&mut cur));
+            start = end;
+        }
+        let room = BLOCK - end % BLOCK;
+        let len = line.len() as u64;
+        if len <= room {
+            cur.extend_from_slice(line);
+            continue;
+        }
+        if len <= BLOCK {
+            // Fill this block with one blank line (spaces, then the newline;
+            // `cur` is empty or ends in a newline); the line starts the next.
+            cur.resize(cur.len() + usize::try_from(room - 1).unwrap_or(0), b' ');
+            cur.push(b'\n');
+            start = end + room;
+            writes.push(std::mem::replace(&mut cur, line.clone()));
+        } else {
+            start = end + len;
+            if !cur.is_empty() {
+                writes.push(std::mem::take(&mut cur));
+            }
+            writes.push(line.clone());
+        }
+    }
+    if !cur.is_empty() {
+        writes.push(cur);
+    }
+    writes
+}
 
 /// What happened to a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,16 +236,19 @@ impl FileHistory {
             f.read_exact_at(&mut last, len - 1)
                 .map_err(|e| Error::io("read", &path, e))?;
         }
-        let mut text = Vec::with_capacity(512 * events.len() + 1);
-        if last[0] != b'\n' {
-            text.push(b'\n');
+        let lines = events
+            .iter()
+            .map(|ev| {
+                let mut line =
+                    serde_json::to_vec(ev).map_err(|e| Error::Internal(e.to_string()))?;
+                line.push(b'\n');
+                Ok(line)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for write in plan_appends(len, last[0] != b'\n', &lines) {
+            f.write_all(&write)
+                .map_err(|e| Error::io("append to", &path, e))?;
         }
-        for ev in events {
-            serde_json::to_writer(&mut text, ev).map_err(|e| Error::Internal(e.to_string()))?;
-            text.push(b'\n');
-        }
-        f.write_all(&text)
-            .map_err(|e| Error::io("append to", &path, e))?;
         count += events.len() as u64;
         guard
             .write_all_at(format!("{count:<20}").as_bytes(), 0)
@@ -257,6 +315,75 @@ fn count_lines(path: &Path) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The planned writes carry every line, in order, whole (blank
+        /// padding aside), and no write crosses a block boundary unless it
+        /// is one line longer than a block.
+        #[test]
+        fn appends_never_cross_a_block_and_carry_every_line(
+            pos in 0u64..20_000,
+            torn in any::<bool>(),
+            lens in proptest::collection::vec(1usize..6000, 0..12),
+        ) {
+            let lines: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let mut l = vec![b'a' + u8::try_from(i % 26).unwrap(); n];
+                    l.push(b'\n');
+                    l
+                })
+                .collect();
+            let writes = plan_appends(pos, torn, &lines);
+            let mut at = pos;
+            for w in &writes {
+                let len = w.len() as u64;
+                let inside = at % BLOCK + len <= BLOCK;
+                prop_assert!(inside || lines.contains(w), "write of {len} at {at}");
+                at += len;
+            }
+            let all: Vec<u8> = writes.concat();
+            if torn {
+                prop_assert_eq!(all.first(), Some(&b'\n'));
+            }
+            let got: Vec<&[u8]> = all
+                .split(|&b| b == b'\n')
+                .filter(|l| l.iter().any(|&b| b != b' '))
+                .collect();
+            let want: Vec<&[u8]> = lines.iter().map(|l| &l[..l.len() - 1]).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    /// In the file itself, no event straddles a 4 KiB block, so no SIGKILL
+    /// can leave half of one.
+    #[test]
+    fn no_event_in_the_file_crosses_a_block() {
+        let t = tempfile::tempdir().unwrap();
+        let h = FileHistory::new(t.path());
+        let key = LockKey::new("s", "o/r").unwrap();
+        for i in 0..300u64 {
+            let mut ev = Event::new(EventKind::Acquired, &key, Timestamp(0), "h");
+            ev.fence = Some(i);
+            ev.note = Some("n".repeat(usize::try_from(i * 7 % 900).unwrap()));
+            h.append(&[ev.clone(), ev]).unwrap();
+        }
+        let text = std::fs::read(t.path().join("history.jsonl")).unwrap();
+        let mut at = 0u64;
+        let mut events = 0;
+        for line in text.split_inclusive(|&b| b == b'\n') {
+            let end = at + line.len() as u64;
+            if line.iter().any(|&b| !b" \n".contains(&b)) {
+                assert_eq!(at / BLOCK, (end - 1) / BLOCK, "event at {at}..{end}");
+                events += 1;
+            }
+            at = end;
+        }
+        assert_eq!(events, 600);
+        assert_eq!(h.read(None, usize::MAX).unwrap().len(), 600);
+    }
 
     #[test]
     fn rotates_and_keeps_at_least_the_bound() {
@@ -289,13 +416,17 @@ mod tests {
         ev.fence = Some(u64::MAX);
         h.append(&[ev]).unwrap();
         assert_eq!(h.read(None, 1).unwrap()[0].fence, Some(u64::MAX));
-        // The disk bound: two files of at most ROTATE_EVENTS (+1) lines.
+        // The disk bound: two files of at most ROTATE_EVENTS (+1) events,
+        // and blank padding at most one line per 4 KiB block.
         for f in ["history.jsonl", "history.1.jsonl"] {
-            let lines = std::fs::read_to_string(t.path().join(f))
-                .unwrap()
-                .lines()
-                .count() as u64;
-            assert!(lines <= ROTATE_EVENTS + 1, "{f}: {lines}");
+            let text = std::fs::read_to_string(t.path().join(f)).unwrap();
+            let events = text.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+            assert!(events <= ROTATE_EVENTS + 1, "{f}: {events}");
+            let blank = text.lines().filter(|l| l.trim().is_empty()).count() as u64;
+            assert!(
+                blank <= text.len() as u64 / BLOCK + 1,
+                "{f}: {blank} blank lines"
+            );
         }
         let mine = h.read(Some(&key), 3).unwrap();
         assert_eq!(
