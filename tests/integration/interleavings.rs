@@ -654,13 +654,15 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
         for _ in 0..4 {
             s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
+                    // Read before the lock is looked at: once the first
+                    // acquire has returned, the lock must never look free.
+                    let lock_existed = takeovers_seen.load(Ordering::SeqCst);
                     match store.read(&key).unwrap() {
                         Current::Corrupt(why) => {
                             corrupt.lock().unwrap().push(why);
                             stop.store(true, Ordering::Relaxed);
                         }
-                        // Free only before the first acquire.
-                        Current::Free if takeovers_seen.load(Ordering::Relaxed) => {
+                        Current::Free if lock_existed => {
                             corrupt.lock().unwrap().push("free".to_owned());
                             stop.store(true, Ordering::Relaxed);
                         }
@@ -693,7 +695,7 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
             );
             assert!(took_over || takeovers == 0, "not a takeover: {got:?}");
             takeovers += 1;
-            takeovers_seen.store(true, Ordering::Relaxed);
+            takeovers_seen.store(true, Ordering::SeqCst);
         }
         stop.store(true, Ordering::Relaxed);
     });
