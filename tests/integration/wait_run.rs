@@ -866,6 +866,43 @@ fn a_forced_release_stops_the_whole_group() {
 
 /// Boot-clock seconds (`/proc/uptime`, 10 ms steps) of each witness line.
 #[cfg(target_os = "linux")]
+/// The words of a `run --ttl TTL` whose CMD's background child appends
+/// `/proc/uptime` to `witness` every 20 ms while CMD waits for it.
+#[cfg(target_os = "linux")]
+fn uptime_writer_run<'a>(ttl: &'a str, witness: &'a Path) -> Vec<&'a str> {
+    let script = r#"(while :; do cut -d' ' -f1 /proc/uptime >> "$1"; sleep 0.02; done) & wait"#;
+    vec![
+        "run",
+        SKILL,
+        "--repo",
+        REPO,
+        "--ttl",
+        ttl,
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        witness.to_str().unwrap(),
+    ]
+}
+
+/// Fails when a witnessed write (an uptime) is not before `deadline_ms`,
+/// the confirmed lease end on the boot clock.
+#[cfg(target_os = "linux")]
+#[track_caller]
+fn assert_last_write_before(times: &[f64], deadline_ms: u64) {
+    let last = times.iter().copied().fold(0.0, f64::max);
+    // Whole 10 ms steps of /proc/uptime, rounded down: compare in ms.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let last_ms = (last * 1000.0).round() as u64;
+    assert!(
+        last_ms + 10 <= deadline_ms,
+        "a write at {last_ms} ms, after the confirmed lease end {deadline_ms} ms"
+    );
+}
+
+#[cfg(target_os = "linux")]
 fn uptimes(witness: &Path) -> Vec<f64> {
     let text = std::fs::read_to_string(witness).unwrap();
     text.lines().map(|l| l.trim().parse().unwrap()).collect()
@@ -880,27 +917,9 @@ fn failing_renewals_stop_the_group_before_the_confirmed_lease_ends() {
     std::fs::create_dir(&store).unwrap();
     let url = format!("file:{}", store.display());
     let witness = env.path("W");
-    let script = r#"(while :; do cut -d' ' -f1 /proc/uptime >> "$1"; sleep 0.02; done) & wait"#;
-    let child = spawn(
-        &env,
-        &repo,
-        &[
-            "--store",
-            &url,
-            "run",
-            SKILL,
-            "--repo",
-            REPO,
-            "--ttl",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            script,
-            "sh",
-            witness.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec!["--store", &url];
+    args.extend(uptime_writer_run("2", &witness));
+    let child = spawn(&env, &repo, &args);
     until_file(&witness);
     thread::sleep(Duration::from_millis(1000));
     // The store becomes unreachable for good (root ignores modes, so the
@@ -926,14 +945,7 @@ fn failing_renewals_stop_the_group_before_the_confirmed_lease_ends() {
         .as_u64()
         .unwrap();
     let times = uptimes(&witness);
-    let last = times.iter().copied().fold(0.0, f64::max);
-    // Whole 10 ms steps of /proc/uptime, rounded down: compare in ms.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let last_ms = (last * 1000.0).round() as u64;
-    assert!(
-        last_ms + 10 <= deadline_ms,
-        "a write at {last_ms} ms, after the confirmed lease end {deadline_ms} ms"
-    );
+    assert_last_write_before(&times, deadline_ms);
     thread::sleep(Duration::from_millis(300));
     assert_eq!(
         uptimes(&witness).len(),
@@ -953,25 +965,7 @@ fn a_stopped_wrapper_still_has_its_group_stopped_before_the_lease_ends() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let witness = env.path("W");
-    let script = r#"(while :; do cut -d' ' -f1 /proc/uptime >> "$1"; sleep 0.02; done) & wait"#;
-    let child = spawn(
-        &env,
-        &repo,
-        &[
-            "run",
-            SKILL,
-            "--repo",
-            REPO,
-            "--ttl",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            script,
-            "sh",
-            witness.to_str().unwrap(),
-        ],
-    );
+    let child = spawn(&env, &repo, &uptime_writer_run("2", &witness));
     let wrapper = pid_of(&child);
     until_file(&witness);
     thread::sleep(Duration::from_millis(300));
@@ -992,14 +986,7 @@ fn a_stopped_wrapper_still_has_its_group_stopped_before_the_lease_ends() {
     let out = finish(child, Duration::from_secs(15));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(later, times.len(), "the group still writes: {stderr}");
-    let last = times.iter().copied().fold(0.0, f64::max);
-    // Whole 10 ms steps of /proc/uptime, rounded down: compare in ms.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let last_ms = (last * 1000.0).round() as u64;
-    assert!(
-        last_ms + 10 <= deadline_ms,
-        "a write at {last_ms} ms, after the confirmed lease end {deadline_ms} ms"
-    );
+    assert_last_write_before(&times, deadline_ms);
     assert!(matches!(out.status.code(), Some(143 | 137)), "{stderr}");
     assert_eq!(last_json(&stderr)["lost"], true, "{stderr}");
 }
