@@ -33,6 +33,12 @@ fn release(env: &TestEnv, repo: &Path, extra: &[&str]) -> common::Out {
         .run()
 }
 
+/// The lock's history events, oldest first.
+fn history(env: &TestEnv, repo: &Path) -> Vec<Value> {
+    let h = env.cmd(repo).args(["history", "s", "--repo", "o/r"]).run();
+    h.expect(0, "history")["events"].as_array().unwrap().clone()
+}
+
 fn status(env: &TestEnv, repo: &Path) -> Value {
     env.cmd(repo)
         .args(["status", "s", "--repo", "o/r"])
@@ -537,8 +543,7 @@ fn a_takeover_whose_publish_fails_records_what_it_did() {
     };
     out.expect_error("io");
     assert_eq!(status(&env, &repo)["state"], "free");
-    let h = env.cmd(&repo).args(["history", "s", "--repo", "o/r"]).run();
-    let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
+    let events = history(&env, &repo);
     let kinds: Vec<&str> = events
         .iter()
         .map(|e| e["event"].as_str().unwrap())
@@ -578,8 +583,7 @@ fn a_takeover_that_cannot_write_leaves_the_stale_lock_as_it_was() {
     let after = status(&env, &repo);
     assert_eq!(after["holder"], before["holder"], "{after}");
     assert_eq!(after["state"], before["state"], "{after}");
-    let h = env.cmd(&repo).args(["history", "s", "--repo", "o/r"]).run();
-    let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
+    let events = history(&env, &repo);
     assert_eq!(events.len(), 1, "only the first acquire: {events:?}");
     let v = acquire(&env, &repo, &[]).expect(0, "acquired").clone();
     assert_eq!(v["took_over"]["holder"]["fence"], 1, "{v}");

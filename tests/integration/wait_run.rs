@@ -588,20 +588,11 @@ fn sigkill_of_run_stops_its_group_and_the_lock_is_stale_only_then() {
     let mut child = command(
         &env,
         &repo,
-        &[
-            "run",
-            SKILL,
-            "--repo",
-            REPO,
-            "--ttl",
+        &run_sh(
             "8",
-            "--",
-            "sh",
-            "-c",
             r#"echo $$ > "$1"; exec sleep 30"#,
-            "sh",
-            pidfile.to_str().unwrap(),
-        ],
+            &[pidfile.to_str().unwrap()],
+        ),
     )
     .stdin(Stdio::null())
     .stdout(Stdio::null())
@@ -871,20 +862,16 @@ fn a_forced_release_stops_the_whole_group() {
 #[cfg(target_os = "linux")]
 fn uptime_writer_run<'a>(ttl: &'a str, witness: &'a Path) -> Vec<&'a str> {
     let script = r#"(while :; do cut -d' ' -f1 /proc/uptime >> "$1"; sleep 0.02; done) & wait"#;
-    vec![
-        "run",
-        SKILL,
-        "--repo",
-        REPO,
-        "--ttl",
-        ttl,
-        "--",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        witness.to_str().unwrap(),
-    ]
+    run_sh(ttl, script, &[witness.to_str().unwrap()])
+}
+
+/// The words of `run --ttl TTL -- sh -c SCRIPT sh ARGS...` (ARGS are $1...).
+fn run_sh<'a>(ttl: &'a str, script: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut words = vec![
+        "run", SKILL, "--repo", REPO, "--ttl", ttl, "--", "sh", "-c", script, "sh",
+    ];
+    words.extend_from_slice(args);
+    words
 }
 
 /// Fails when a witnessed write (an uptime) is not before `deadline_ms`,
@@ -1182,21 +1169,11 @@ fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
     let mut child = spawn(
         &env,
         &repo,
-        &[
-            "run",
-            SKILL,
-            "--repo",
-            REPO,
-            "--ttl",
+        &run_sh(
             "8",
-            "--",
-            "sh",
-            "-c",
             script,
-            "sh",
-            witness.to_str().unwrap(),
-            pidfile.to_str().unwrap(),
-        ],
+            &[witness.to_str().unwrap(), pidfile.to_str().unwrap()],
+        ),
     );
     let writer: i32 = until_file(&pidfile).trim().parse().unwrap();
     let _cleanup = KillOnDrop::new(writer);
