@@ -662,12 +662,6 @@ fn open_in(dir: &File, name: &CStr) -> std::io::Result<File> {
     open_at(dir, name, libc::O_NONBLOCK)
 }
 
-/// Opens the directory `name` inside the open directory `dir`, following
-/// no symlink (a lookup relative to one descriptor: `list` walks no path).
-fn open_dir_in(dir: &File, name: &CStr) -> std::io::Result<File> {
-    open_at(dir, name, libc::O_DIRECTORY)
-}
-
 fn open_at(dir: &File, name: &CStr, flags: libc::c_int) -> std::io::Result<File> {
     // SAFETY: dir is an open directory descriptor, name a valid C string.
     let fd = unsafe {
@@ -707,24 +701,14 @@ fn not_a(what: &str, path: &Path) -> Current {
 /// (a published lock always has its record); when it was moved away in
 /// between (a release or takeover), the reader looks again.
 fn read_lock_dir(path: &Path) -> Result<Current> {
-    read_lock_dir_with(path, None, &mut || {})
+    read_lock_dir_with(path, &mut || {})
 }
 
-/// [`read_lock_dir`], with the lock directory found as `in_dir.1` inside
-/// the open directory `in_dir.0` when given (the last part of `path`), and
-/// running `between` after the directory is opened and before its record is
-/// (tests put a release or takeover there).
-fn read_lock_dir_with(
-    path: &Path,
-    in_dir: Option<(&File, &CStr)>,
-    between: &mut dyn FnMut(),
-) -> Result<Current> {
+/// [`read_lock_dir`], running `between` after the directory is opened and
+/// before its record is (tests put a release or takeover there).
+fn read_lock_dir_with(path: &Path, between: &mut dyn FnMut()) -> Result<Current> {
     for _ in 0..MAX_LOOKS {
-        let opened = match in_dir {
-            Some((parent, name)) => open_dir_in(parent, name),
-            None => open_dir(path),
-        };
-        let dir = match opened {
+        let dir = match open_dir(path) {
             Ok(d) => d,
             Err(e) if is_not_found(&e) => return Ok(Current::Free),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
@@ -944,7 +928,7 @@ impl Store for FileStore {
             Err(e) => return Err(Error::io("read", locks_dir, e)),
         }
         names.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
-        // Each lock is opened relative to one descriptor of locks/ (gone
+        // Each record is opened relative to one descriptor of locks/ (gone
         // since it was listed: no lock left to show).
         let parent = match open_dir(&locks_dir) {
             Ok(d) => Some(d),
@@ -955,16 +939,12 @@ impl Store for FileStore {
             let Some(parent) = parent.as_ref() else { break };
             let file_name = format!("{}{LOCK_SUFFIX}", key.name());
             let path = locks_dir.join(&file_name);
-            let c_string = |s: String| {
-                CString::new(s)
-                    .map_err(|_| Error::io("read", &path, ErrorKind::InvalidInput.into()))
-            };
-            let c_record = c_string(format!("{file_name}/{RECORD}"))?;
-            let current = if let Some(file) = open_record_beneath(parent, &c_record) {
-                read_record(file, &path.join(RECORD))?
-            } else {
-                let c_name = c_string(file_name)?;
-                read_lock_dir_with(&path, Some((parent, &c_name)), &mut || {})?
+            let c_record = CString::new(format!("{file_name}/{RECORD}"))
+                .map_err(|_| Error::io("read", &path, ErrorKind::InvalidInput.into()))?;
+            // The exact two-step reader for anything the one lookup cannot take.
+            let current = match open_record_beneath(parent, &c_record) {
+                Some(file) => read_record(file, &path.join(RECORD))?,
+                None => read_lock_dir(&path)?,
             };
             self.check_coherent(&current)?;
             if current != Current::Free {
@@ -1013,7 +993,7 @@ mod tests {
         // Between opening the directory and its record, the lock is released
         // and taken again, three times: the reader sees the last lock whole.
         let mut changes = 0;
-        let got = read_lock_dir_with(&path, None, &mut || {
+        let got = read_lock_dir_with(&path, &mut || {
             if changes < 3 {
                 engine::release(&store, &key, None, false, &ctx).unwrap();
                 acquire(&store, &key);
@@ -1026,7 +1006,7 @@ mod tests {
             "{got:?}"
         );
         // Released in between and not taken again: free, never corrupt.
-        let got = read_lock_dir_with(&path, None, &mut || {
+        let got = read_lock_dir_with(&path, &mut || {
             let _ = engine::release(&store, &key, None, false, &ctx);
         })
         .unwrap();
