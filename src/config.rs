@@ -18,6 +18,10 @@ use crate::layer;
 use crate::root;
 use crate::store::AnyStore;
 use crate::store::fs::FileStore;
+use crate::store::fs::layer::Location;
+
+/// The store setting in the personal layer (SPEC §8).
+pub const CONFIG_FILE: &str = "skill-lock.toml";
 
 /// What the process was started with, read once: everything else gets it
 /// passed down and never reads the environment itself.
@@ -31,6 +35,9 @@ pub struct Environment {
     pub launcher: Option<OsString>,
     /// `PATH`.
     pub path: Option<OsString>,
+    /// `SKILL_LOCK_TOKEN`, when set and not empty: the token renew, release
+    /// and check use when no `--token` is given (`run` sets it for CMD).
+    pub token: Option<OsString>,
     /// This program, when the OS says where it is.
     pub exe: Option<PathBuf>,
     /// Started by uv (`uvx`, `uv run`, `uv tool run` set `UV`): uv then put
@@ -56,6 +63,7 @@ impl Environment {
             store: var("SKILL_LOCK_STORE"),
             launcher: var("SKILL_LOCK_LAUNCHER"),
             path: var("PATH"),
+            token: var("SKILL_LOCK_TOKEN"),
             exe: std::env::current_exe().ok(),
             under_uv: var("UV").is_some(),
         })
@@ -252,7 +260,30 @@ struct ConfigFile {
     store: Option<String>,
 }
 
+/// The store a URL names, checked alike wherever the URL came from (flag,
+/// environment, config file); no message ever carries its credentials.
 fn from_url(
+    url: &str,
+    cwd: &Path,
+    source: StoreSource,
+    root: Option<PathBuf>,
+) -> Result<StoreChoice> {
+    use crate::store::git::{has_secret, redact};
+    if source == StoreSource::Flag && has_secret(url) {
+        return Err(Error::Usage(format!(
+            "--store {:?} carries credentials, which every local user can read in the process list; \
+             put the URL in SKILL_LOCK_STORE or in skill-lock.toml, or leave them to git's credential helper",
+            redact(url)
+        )));
+    }
+    open_url(url, cwd, source, root).map_err(|e| match e {
+        Error::Usage(m) => Error::Usage(redact(&m)),
+        Error::StoreUnavailable(m) => Error::StoreUnavailable(redact(&m)),
+        other => other,
+    })
+}
+
+fn open_url(
     url: &str,
     cwd: &Path,
     source: StoreSource,
@@ -274,11 +305,10 @@ fn from_url(
         }
         if url.starts_with("git:") {
             let store = AnyStore::Git(crate::store::git::GitStore::new(url, cwd)?);
-            let url = Some(crate::store::git::redact(url)); // never print credentials
             return Ok(StoreChoice {
                 store,
                 source,
-                url,
+                url: Some(url.to_owned()),
                 root,
             });
         }
@@ -329,24 +359,30 @@ pub fn choose_store(
     }
     let root = root::discover(root_flag, cwd)?;
     let layer = layer::resolve(&root)?;
-    let cfg = layer.dir.join("skill-lock.toml");
-    match std::fs::read_to_string(&cfg) {
-        Ok(body) => {
-            let parsed: ConfigFile = toml::from_str(&body).map_err(|e| {
-                Error::Usage(format!(
-                    "{} is not valid: {e}; fix or remove it",
-                    cfg.display()
-                ))
-            })?;
-            if let Some(url) = parsed.store {
-                return from_url(&url, &root.clone(), StoreSource::ConfigFile, Some(root));
-            }
+    let location = Location::new(&layer.anchor, layer.below);
+    let cfg = layer.dir.join(CONFIG_FILE);
+    // Read through the layer handle: no link followed, no FIFO waited on,
+    // at most 64 KiB; P must be the user's own (SPEC §5 "Trust").
+    let body = match location.open_p(false)? {
+        Some(p) => p.read_small(CONFIG_FILE)?,
+        None => None,
+    };
+    if let Some(body) = body {
+        let body = String::from_utf8(body).map_err(|_| {
+            Error::Usage(format!("{} is not UTF-8; fix or remove it", cfg.display()))
+        })?;
+        let parsed: ConfigFile = toml::from_str(&body).map_err(|e| {
+            Error::Usage(format!(
+                "{} is not valid: {e}; fix or remove it",
+                cfg.display()
+            ))
+        })?;
+        if let Some(url) = parsed.store {
+            return from_url(&url, &root.clone(), StoreSource::ConfigFile, Some(root));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io("read", cfg, e)),
     }
     Ok(StoreChoice {
-        store: AnyStore::File(FileStore::new(&layer.dir)),
+        store: AnyStore::File(FileStore::at(location)),
         source: StoreSource::Default,
         url: None,
         root: Some(root),

@@ -60,6 +60,18 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Something in the personal layer is not what the tool may trust or
+    /// touch (SPEC §5 "Trust"): a link, a special file, a foreign or
+    /// writable-by-others directory, an oversized file.
+    #[error("refusing {}: {why}; {fix}", .path.display())]
+    Untrusted {
+        /// The path refused.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+        /// The command that fixes it.
+        fix: String,
+    },
     /// The network store did not answer in time.
     #[error("{0}")]
     StoreUnavailable(String),
@@ -89,7 +101,7 @@ impl Error {
             Self::InvalidNote(_) => "invalid_note",
             Self::InvalidPid { .. } => "invalid_pid",
             Self::NoRoot(_) => "no_root",
-            Self::Io { .. } => "io",
+            Self::Io { .. } | Self::Untrusted { .. } => "io",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Internal(_) => "internal",
         }

@@ -34,12 +34,51 @@ pub struct Layer {
     pub dir: PathBuf,
     /// The rule that chose it.
     pub kind: LayerKind,
+    /// The directory P is reached from: one the user (or git) made, whose
+    /// path may be followed (the checkout, the git common directory).
+    pub anchor: PathBuf,
+    /// The names from the anchor down to P, each of which may lie in a
+    /// working tree and is opened without following a link (SPEC §5 "Trust").
+    pub below: &'static [&'static str],
+}
+
+impl Layer {
+    fn new(anchor: PathBuf, below: &'static [&'static str], kind: LayerKind) -> Self {
+        Self {
+            dir: below.iter().fold(anchor.clone(), |p, n| p.join(n)),
+            kind,
+            anchor,
+            below,
+        }
+    }
 }
 
 /// The git directories of a checkout: its own and the common one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct GitDirs {
     common: PathBuf,
+}
+
+/// Reads a small git metadata file: never blocking (a FIFO is refused at
+/// once), at most 64 KiB, as text.
+fn read_small(path: &Path) -> Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io("read", path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io("read", path, e))?;
+    if !meta.is_file() {
+        return Err(Error::io(
+            "read",
+            path,
+            std::io::Error::other("it is not a regular file"),
+        ));
+    }
+    let bytes = crate::store::fs::layer::read_bounded(file, crate::store::fs::layer::READ_LIMIT)
+        .map_err(|e| Error::io("read", path, e))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {
@@ -50,7 +89,7 @@ fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {
     let git_dir = if meta.is_dir() {
         dot_git
     } else {
-        let text = std::fs::read_to_string(&dot_git).map_err(|e| Error::io("read", &dot_git, e))?;
+        let text = read_small(&dot_git)?;
         let Some(target) = text.lines().find_map(|l| l.strip_prefix("gitdir:")) else {
             return Err(Error::NoRoot(format!(
                 "{} holds no 'gitdir:' line; repair it (git worktree repair) or pass --root",
@@ -69,8 +108,8 @@ fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {
         target
     };
     let commondir = git_dir.join("commondir");
-    let common = match std::fs::read_to_string(&commondir) {
-        Ok(text) => git_dir.join(text.trim()),
+    let common = match std::fs::symlink_metadata(&commondir) {
+        Ok(_) => git_dir.join(read_small(&commondir)?.trim()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => git_dir,
         Err(e) => return Err(Error::io("read", &commondir, e)),
     };
@@ -93,27 +132,29 @@ pub fn resolve(root: &Path) -> Result<Layer> {
             .filter(|g| g.common.file_name().is_some_and(|n| n == ".git"))
             .and_then(|g| g.common.parent().map(Path::to_path_buf))
             .unwrap_or_else(|| root.to_path_buf());
-        return Ok(Layer {
-            dir: main.join(".apache-magpie-local"),
-            kind: LayerKind::Adopted,
-        });
+        return Ok(Layer::new(
+            main,
+            &[".apache-magpie-local"],
+            LayerKind::Adopted,
+        ));
     }
     if let Some(g) = git {
-        return Ok(Layer {
-            dir: g.common.join("apache-magpie"),
-            kind: LayerKind::Git,
-        });
+        return Ok(Layer::new(g.common, &["apache-magpie"], LayerKind::Git));
     }
-    if root.join(".svn").is_dir() {
-        return Ok(Layer {
-            dir: root.join(".svn").join("apache-magpie"),
-            kind: LayerKind::Svn,
-        });
+    // A link named .svn is no svn checkout (svn never makes one); the layer
+    // handle refuses it rather than follow it.
+    if std::fs::symlink_metadata(root.join(".svn")).is_ok_and(|m| m.is_dir() || m.is_symlink()) {
+        return Ok(Layer::new(
+            root.to_path_buf(),
+            &[".svn", "apache-magpie"],
+            LayerKind::Svn,
+        ));
     }
-    Ok(Layer {
-        dir: root.join(".apache-magpie-local"),
-        kind: LayerKind::Plain,
-    })
+    Ok(Layer::new(
+        root.to_path_buf(),
+        &[".apache-magpie-local"],
+        LayerKind::Plain,
+    ))
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod flock;
 pub mod hint;
 pub mod history;
 pub mod key;

@@ -178,7 +178,7 @@ fn arbitrary_bytes_in_a_record_are_corrupt_never_a_crash() {
 }
 
 /// A personal layer this user may not enter (another user's, or read-only):
-/// the error names the read that failed and the file, and says to use
+/// the error names the open that failed and the layer, and says to use
 /// `--store file:DIR`, which then works. As root the binary runs as `nobody`.
 #[test]
 fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
@@ -194,9 +194,14 @@ fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
     std::fs::create_dir_all(&layer).unwrap();
     std::fs::write(layer.join("skill-lock.toml"), "").unwrap();
     let mine = env.dir("mine");
-    mode(&mine, 0o777);
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    // A directory of one's own: owned by the user the binary runs as, and
+    // writable by no one else (SPEC §5 "Trust").
+    if root {
+        std::os::unix::fs::chown(&mine, Some(65534), Some(65534)).unwrap();
+    }
+    mode(&mine, 0o700);
     mode(&layer, if root { 0o700 } else { 0o000 });
     let run = |extra: &[&str]| {
         let mut cmd = env
@@ -216,10 +221,7 @@ fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
         .unwrap()
         .to_owned();
     assert!(
-        m.starts_with(&format!(
-            "could not read {}: ",
-            layer.join("skill-lock.toml").display()
-        )),
+        m.starts_with(&format!("could not open {}: ", layer.display())),
         "{m}"
     );
     assert!(m.contains("--store file:DIR"), "{m}");

@@ -535,7 +535,7 @@ fn a_takeover_whose_publish_fails_records_what_it_did() {
     // be renamed into run/locks (EXDEV), after the damaged lock was buried.
     let tmp = run_dir(&repo).join("tmp");
     let script = format!(
-        "mount -t tmpfs none {} && exec {BIN} acquire s --repo o/r",
+        "mount -t tmpfs -o mode=0700 none {} && exec {BIN} acquire s --repo o/r",
         tmp.display()
     );
     let Some(out) = in_private_mounts(&repo, &script) else {

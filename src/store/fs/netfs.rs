@@ -1,0 +1,85 @@
+//! Network file systems (SPEC §8): where `flock` and directory lookups are
+//! not coherent between machines, the file store refuses to decide on a
+//! record another machine wrote.
+
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+
+use crate::liveness::Origin;
+use crate::record::Holder;
+
+/// The kind of network file system the open directory `dir` is on (Linux
+/// `fstatfs`), if any.
+#[must_use]
+pub fn network_fs_of(dir: BorrowedFd<'_>) -> Option<&'static str> {
+    #[cfg(target_os = "linux")]
+    {
+        let st = rustix::fs::fstatfs(dir).ok()?;
+        // f_type is a signed word of varying width; the magics are 32-bit.
+        #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+        let magic = st.f_type as u32;
+        network_fs_name(magic)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // macOS: statfs's f_fstypename ("nfs", "smbfs", "macfuse") would tell.
+        let _ = dir;
+        None
+    }
+}
+
+/// The name of a network file system by its `statfs` magic number.
+#[must_use]
+pub fn network_fs_name(magic: u32) -> Option<&'static str> {
+    Some(match magic {
+        0x6969 => "NFS",
+        0x517B => "SMB",
+        0xFF53_4D42 => "CIFS",
+        0xFE53_4D42 => "SMB2",
+        0x6573_5546 => "FUSE (sshfs and the like)",
+        0x0102_1997 => "9p",
+        0x00C3_6400 => "Ceph",
+        0x5346_414F => "AFS",
+        0x7375_7245 => "Coda",
+        0x564C => "NCP",
+        0x0BD0_0BD0 => "Lustre",
+        0x0116_1970 => "GFS2",
+        0x7461_636F => "OCFS2",
+        _ => return None,
+    })
+}
+
+/// On a network file system, is `holder` from another machine? Then the
+/// file store must not decide on what it sees (SPEC §8): the reason.
+///
+/// Another machine: a different certain machine id, or (where either is not
+/// certain) a different, known hostname.
+#[must_use]
+pub fn refuse_foreign(
+    network: Option<&str>,
+    holder: &Holder,
+    here: &Origin,
+    host: &str,
+    layer: &Path,
+) -> Option<String> {
+    let fs = network?;
+    let other = match (&holder.machine, &here.machine) {
+        (Some(theirs), Some(ours)) => theirs != ours,
+        _ => !holder.host.is_empty() && holder.host != host,
+    };
+    other.then(|| {
+        format!(
+            "{} is on a network file system ({fs}) and this lock was taken by another machine \
+             ({}); file locks are not coherent between machines there, so the file store will \
+             not decide on what it sees. Use a store made for several machines: \
+             --store etcd://HOST:PORT (an etcd cluster) or --store git:REMOTE (a git remote \
+             every machine can push to), or SKILL_LOCK_STORE / skill-lock.toml to set it once",
+            layer.display(),
+            if holder.host.is_empty() {
+                "unknown host"
+            } else {
+                &holder.host
+            }
+        )
+    })
+}

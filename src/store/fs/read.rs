@@ -1,0 +1,93 @@
+//! The exact reader of a file lock (SPEC §7 "Atomic records", "Honest
+//! readers"): it takes no guard, yet never reports a healthy lock corrupt
+//! and never sees a lock free while it passes from one holder to the next.
+//!
+//! The lock directory is opened first (through the `locks/` handle, no link
+//! followed) and its record relative to that handle, so both looks see the
+//! same directory. A directory with no record is believed only while that
+//! very directory is still the lock (a published lock always has its
+//! record); when it was moved away in between (a release or takeover), the
+//! reader looks again. Anything that is not a directory holding a regular
+//! file is `corrupt`, never followed and never waited on.
+
+use std::ffi::OsStr;
+use std::fs::File;
+
+use super::layer::{Dir, Entry, Open, read_bounded};
+use crate::error::{Error, Result};
+use crate::record::{MAX_RECORD_BYTES, OwnerRecord};
+use crate::store::Current;
+
+/// The record's name inside a lock directory.
+pub const RECORD: &str = "owner.json";
+/// How often a reader looks again when the lock changed under it.
+const MAX_LOOKS: u32 = 1000;
+
+fn not_a(dir: &Dir, name: &OsStr, what: &str) -> Current {
+    Current::Corrupt(format!("{} is not a {what}", dir.join(name).display()))
+}
+
+/// Reads lock directory `name` in `locks`, exactly.
+///
+/// # Errors
+/// [`Error::Io`] when the layer cannot be read.
+pub fn lock_dir(locks: &Dir, name: &OsStr) -> Result<Current> {
+    lock_dir_with(locks, name, &mut || {})
+}
+
+/// [`lock_dir`], running `between` after the directory is opened and before
+/// its record is (tests put a release or takeover there).
+pub fn lock_dir_with(locks: &Dir, name: &OsStr, between: &mut dyn FnMut()) -> Result<Current> {
+    for _ in 0..MAX_LOOKS {
+        let dir = match locks.dir_plain(name) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(Current::Free),
+            // A file, a link or a special file where the lock belongs; gone
+            // meanwhile (a release): look again.
+            Err(Entry::NotADirectory | Entry::NotAFile(_)) => {
+                if locks.stat_at(name)?.is_none() {
+                    continue;
+                }
+                return Ok(not_a(locks, name, "directory"));
+            }
+            Err(Entry::Io(e)) => return Err(Error::io("read", locks.join(name), e)),
+        };
+        between();
+        let file = match dir.file_plain(OsStr::new(RECORD), Open::Read) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                if locks.still_is(name, &dir)? {
+                    return Ok(Current::Corrupt(
+                        "the lock directory holds no record".to_owned(),
+                    ));
+                }
+                continue;
+            }
+            Err(Entry::NotAFile(_) | Entry::NotADirectory) => {
+                return Ok(not_a(&dir, OsStr::new(RECORD), "file"));
+            }
+            Err(Entry::Io(e)) => return Err(Error::io("read", dir.join(RECORD), e)),
+        };
+        return record(file, &dir.join(RECORD));
+    }
+    Err(Error::io(
+        "read",
+        locks.join(name),
+        std::io::Error::other(format!(
+            "the lock changed {MAX_LOOKS} times while it was being read; try again"
+        )),
+    ))
+}
+
+/// Reads the open record file `file` (at `path`, named in messages): at
+/// most one byte past the largest record, so a huge one shows too big.
+///
+/// # Errors
+/// [`Error::Io`] when it cannot be read.
+pub fn record(file: File, path: &std::path::Path) -> Result<Current> {
+    let bytes = read_bounded(file, MAX_RECORD_BYTES + 1).map_err(|e| Error::io("read", path, e))?;
+    Ok(match OwnerRecord::parse(&bytes) {
+        Ok(r) => Current::Held(r),
+        Err(why) => Current::Corrupt(why),
+    })
+}
