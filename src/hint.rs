@@ -39,6 +39,11 @@ pub fn release_force(key: &LockKey, settings: &Settings) -> String {
     );
     let choice = &settings.store;
     match (choice.source, &choice.url, &choice.root) {
+        // A URL with credentials is named the way it was given: the
+        // variable, never its value (SPEC §8).
+        (StoreSource::Env, Some(url), _) if crate::store::git::has_secret(url) => {
+            line.push_str(" --store \"$SKILL_LOCK_STORE\"");
+        }
         (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
             let url = absolute_url(url, &settings.env.cwd);
             let _ = write!(line, " --store {}", shell_quote(&url));
@@ -141,6 +146,7 @@ mod tests {
     #[test]
     fn uvs_own_path_entry_is_not_the_shells() {
         let env = |under_uv| Environment {
+            token: None,
             cwd: PathBuf::from("/w"),
             store: None,
             launcher: None,
@@ -155,6 +161,42 @@ mod tests {
             shell_path(&env(true), Path::new("/elsewhere/skill-lock")).len(),
             2
         );
+    }
+
+    /// A store URL with a password is named the way it was given, as the
+    /// variable, so the hint works pasted and never shows the secret.
+    #[test]
+    fn a_store_with_credentials_is_named_by_its_variable() {
+        use crate::config::{Action, Settings, StoreChoice};
+        use crate::store::AnyStore;
+        let url = "git:https://someone:s3cret@example.com/coord.git";
+        let key = LockKey::new("s", "o/r").unwrap();
+        let hint = |url: &str, source| {
+            let store = crate::store::git::GitStore::new(url, Path::new("/w")).unwrap();
+            let settings = Settings {
+                action: Action::List,
+                store: StoreChoice {
+                    store: AnyStore::Git(store),
+                    source,
+                    url: Some(url.to_owned()),
+                    root: None,
+                },
+                clock: crate::engine::Clock::System,
+                env: Environment {
+                    launcher: Some("skill-lock".into()),
+                    ..Environment::default()
+                },
+            };
+            release_force(&key, &settings)
+        };
+        let line = hint(url, StoreSource::Env);
+        assert_eq!(
+            line,
+            "skill-lock release s --repo o/r --force --store \"$SKILL_LOCK_STORE\""
+        );
+        // Without a secret the URL itself is named, as given.
+        let plain = "git:ssh://git@example.com/coord.git";
+        assert!(hint(plain, StoreSource::Env).ends_with(&format!("--store {plain}")));
     }
 
     #[test]

@@ -99,6 +99,39 @@ pub struct GitConfig {
     pub cache: PathBuf,
     /// Commits in a lock's chain before a new root (`SKILL_LOCK_GIT_HISTORY_DEPTH`).
     pub history_depth: u64,
+    /// Entries the user's own `GIT_CONFIG_COUNT` already sets (ours follow them).
+    pub config_count: usize,
+}
+
+/// The name git is given for the remote; its URL is passed in the environment.
+pub const REMOTE_NAME: &str = "skill-lock-store";
+
+/// Refuses a remote git could read as an option, or whose transport runs a
+/// command (`ext::`, `fd::`), wherever it came from (SPEC §8).
+///
+/// # Errors
+/// [`Error::Usage`].
+pub fn validate_remote(remote: &str, url: &str) -> Result<()> {
+    let shown = redact(url);
+    if remote.starts_with('-') {
+        return Err(Error::Usage(format!(
+            "store {shown:?}: the remote {:?} starts with '-', which git would read as an option; name a remote, a URL or a path",
+            redact(remote)
+        )));
+    }
+    let transport = remote.split_once("::").map(|(t, _)| t.to_ascii_lowercase());
+    if matches!(transport.as_deref(), Some("ext" | "fd")) {
+        return Err(Error::Usage(format!(
+            "store {shown:?}: the {}:: transport runs commands or uses file descriptors; use an ssh, https, git or file URL",
+            transport.unwrap_or_default()
+        )));
+    }
+    if remote.chars().any(char::is_control) {
+        return Err(Error::Usage(format!(
+            "store {shown:?}: the remote holds control characters"
+        )));
+    }
+    Ok(())
 }
 
 fn env(k: &str) -> Option<String> {
@@ -117,7 +150,9 @@ fn is_local_path(s: &str) -> bool {
     }
 }
 
-/// Hides the user-info part of URLs (`https://user:secret@host/`) in `text`.
+/// Hides the secrets of URLs in `text`: a password (`user:secret@`) and,
+/// but for ssh, whose user name is no secret (`ssh://git@host`), the whole
+/// user part (`https://TOKEN@host`).
 #[must_use]
 pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -125,20 +160,48 @@ pub fn redact(text: &str) -> String {
     while let Some(i) = rest.find("://") {
         let (head, tail) = rest.split_at(i + 3);
         out.push_str(head);
+        let scheme = head[..i]
+            .rsplit(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase();
         let end = tail
             .find(|c: char| c == '/' || c.is_whitespace() || c == '\'' || c == '"')
             .unwrap_or(tail.len());
         let authority = &tail[..end];
-        if let Some(at) = authority.rfind('@') {
-            out.push_str("***@");
-            out.push_str(&authority[at + 1..]);
-        } else {
-            out.push_str(authority);
+        match authority.rfind('@') {
+            Some(at) => {
+                let user = &authority[..at];
+                let ssh = matches!(scheme.as_str(), "ssh" | "git+ssh" | "ssh+git");
+                match user.split_once(':') {
+                    Some((name, _)) if ssh => {
+                        out.push_str(name);
+                        out.push_str(":***");
+                    }
+                    None if ssh => out.push_str(user),
+                    _ => out.push_str("***"),
+                }
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
         }
         rest = &tail[end..];
     }
     out.push_str(rest);
     out
+}
+
+/// Is `s` an object id (SHA-1 or SHA-256, lowercase hex)?
+fn is_oid(s: &str) -> bool {
+    matches!(s.len(), 40 | 64)
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Does `url` carry a secret that [`redact`] hides?
+#[must_use]
+pub fn has_secret(url: &str) -> bool {
+    redact(url) != url
 }
 
 fn validate_namespace(ns: &str, url: &str) -> Result<()> {
@@ -156,7 +219,8 @@ fn validate_namespace(ns: &str, url: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Usage(format!(
-            "store {url:?}: the namespace after '#' is 1-64 of [A-Za-z0-9._-] per '/'-separated part, e.g. git:origin#team"
+            "store {:?}: the namespace after '#' is 1-64 of [A-Za-z0-9._-] per '/'-separated part, e.g. git:origin#team",
+            redact(url)
         )))
     }
 }
@@ -246,8 +310,15 @@ impl GitConfig {
                     ))
                 })?,
         };
+        validate_remote(remote, url)?;
         let remote = resolve_remote(remote, cwd, url)?;
+        // What the checkout's configuration resolved it to is checked again.
+        validate_remote(&remote, url)?;
+        let config_count = env("GIT_CONFIG_COUNT")
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
         Ok(Self {
+            config_count,
             history_depth,
             url: url.to_owned(),
             remote,
@@ -273,6 +344,8 @@ fn resolve_remote(remote: &str, cwd: &Path, url: &str) -> Result<String> {
         {
             let v = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             if !v.is_empty() {
+                // The checkout's configuration is checked as if typed.
+                validate_remote(&v, url)?;
                 if is_local_path(&v) && Path::new(&v).is_relative() {
                     // Relative to the checkout's top, as git reads it.
                     let top = toplevel(cwd).unwrap_or_else(|| cwd.to_path_buf());
@@ -347,6 +420,11 @@ fn git_command() -> Command {
         "transfer.unpackLimit=1",
         "-c",
         "maintenance.auto=false",
+        // Transports that run commands are never used, whatever a URL says.
+        "-c",
+        "protocol.ext.allow=never",
+        "-c",
+        "protocol.fd.allow=never",
     ]);
     for var in [
         "GIT_DIR",
@@ -560,11 +638,21 @@ impl GitStore {
         }
     }
 
-    /// A git command in the cache repository (created on first use).
+    /// A git command in the cache repository (created on first use), with
+    /// the remote as [`REMOTE_NAME`]: its URL reaches git through the
+    /// environment (`GIT_CONFIG_COUNT`), never through the arguments, so
+    /// credentials in it never show in a process list.
     fn in_cache(&self) -> Result<Command> {
         self.ensure_cache()?;
         let mut cmd = git_command();
         cmd.arg("--git-dir").arg(&self.config.cache);
+        let n = self.config.config_count;
+        cmd.env("GIT_CONFIG_COUNT", (n + 1).to_string())
+            .env(
+                format!("GIT_CONFIG_KEY_{n}"),
+                format!("remote.{REMOTE_NAME}.url"),
+            )
+            .env(format!("GIT_CONFIG_VALUE_{n}"), &self.config.remote);
         cmd.current_dir(self.config.cache.parent().unwrap_or(Path::new("/")));
         if *self.batch_ssh.get_or_init(|| self.needs_batch_ssh()) {
             cmd.env("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
@@ -617,7 +705,7 @@ impl GitStore {
         }
         let tmp = parent.join(format!(".git-init-{}", random_suffix()));
         let mut cmd = git_command();
-        cmd.args(["init", "--bare", "-q"]).arg(&tmp);
+        cmd.args(["init", "--bare", "-q", "--"]).arg(&tmp);
         let ok = matches!(run(&mut cmd, None, Instant::now() + Duration::from_secs(10)), Ok(Some(o)) if o.ok());
         if !ok {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -667,7 +755,7 @@ impl GitStore {
         prefix: &str,
         deadline: Instant,
     ) -> Result<HashMap<String, String>> {
-        let mut args = vec!["ls-remote", "--refs", self.config.remote.as_str()];
+        let mut args = vec!["ls-remote", "--refs", "--", REMOTE_NAME];
         args.extend(patterns.iter().map(String::as_str));
         let mut pause = Duration::from_millis(20);
         let out = loop {
@@ -689,8 +777,11 @@ impl GitStore {
         };
         let mut refs = HashMap::new();
         for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // Only an object id is ever passed on to git: whatever else a
+            // remote might send is never read as an argument.
             if let Some((oid, name)) = line.split_once('\t')
                 && name.starts_with(prefix)
+                && is_oid(oid)
             {
                 refs.insert(name.to_owned(), oid.to_owned());
             }
@@ -716,7 +807,8 @@ impl GitStore {
             "--no-auto-gc",
             "--no-recurse-submodules",
             "-q",
-            self.config.remote.as_str(),
+            "--",
+            REMOTE_NAME,
         ];
         args.extend(specs.iter().map(String::as_str));
         match self.remote_cmd(&args, deadline)? {
@@ -1015,9 +1107,9 @@ impl GitStore {
         if let Some((old, aref)) = archive {
             args.push("--atomic");
             extra = format!("+{old}:{aref}");
-            args.extend([self.config.remote.as_str(), main.as_str(), extra.as_str()]);
+            args.extend(["--", REMOTE_NAME, main.as_str(), extra.as_str()]);
         } else {
-            args.extend([self.config.remote.as_str(), main.as_str()]);
+            args.extend(["--", REMOTE_NAME, main.as_str()]);
         }
         let Some(out) = self.remote_cmd(&args, deadline)? else {
             return Ok(Pushed::Unknown("the push did not finish in time".into()));
@@ -1031,13 +1123,7 @@ impl GitStore {
             if matches!(pushed, Pushed::Done) {
                 let spec = format!("+{old}:{aref}");
                 let _ = self.remote_cmd(
-                    &[
-                        "push",
-                        "--quiet",
-                        "--no-verify",
-                        self.config.remote.as_str(),
-                        &spec,
-                    ],
+                    &["push", "--quiet", "--no-verify", "--", REMOTE_NAME, &spec],
                     deadline,
                 );
             }
@@ -1692,8 +1778,13 @@ mod tests {
     fn redacts_user_info() {
         assert_eq!(
             redact("fatal: https://u:s3cret@example.com/r.git and ssh://git@h/x"),
-            "fatal: https://***@example.com/r.git and ssh://***@h/x"
+            "fatal: https://***@example.com/r.git and ssh://git@h/x"
         );
+        assert_eq!(
+            redact("git:https://ghp_TOKEN@github.com/o/r ssh://me:pw@h/x"),
+            "git:https://***@github.com/o/r ssh://me:***@h/x"
+        );
+        assert!(has_secret("git:https://u:p@h/r") && !has_secret("git:ssh://git@h/r"));
         assert_eq!(redact("no url here"), "no url here");
     }
 
