@@ -96,7 +96,7 @@ struct RenewArgs {
     /// New lease in seconds (default: the ttl it was acquired with).
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     ttl: Option<OsString>,
-    /// Renew only if this token holds the lock.
+    /// Renew only if this token holds the lock (default: $SKILL_LOCK_TOKEN).
     #[arg(long, allow_hyphen_values = true, value_name = "T")]
     token: Option<OsString>,
 }
@@ -105,7 +105,7 @@ struct RenewArgs {
 struct ReleaseArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// Release only if this token holds the lock.
+    /// Release only if this token holds the lock (default: $SKILL_LOCK_TOKEN).
     #[arg(long, allow_hyphen_values = true, value_name = "T")]
     token: Option<OsString>,
     /// Operator's override: release even when --token does not match.
@@ -117,9 +117,9 @@ struct ReleaseArgs {
 struct CheckArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// The token from acquire.
+    /// The token from acquire (default: $SKILL_LOCK_TOKEN).
     #[arg(long, allow_hyphen_values = true, value_name = "T")]
-    token: OsString,
+    token: Option<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -264,7 +264,11 @@ impl Command {
     }
 
     /// Validates everything the user typed, before any file is touched.
-    fn into_action(self) -> Result<Action> {
+    /// `--token` wins over `SKILL_LOCK_TOKEN` (`env_token`), which never
+    /// shows in another user's process list as an argument does.
+    fn into_action(self, env_token: Option<&OsString>) -> Result<Action> {
+        let token =
+            |flag: Option<&OsString>| flag.or(env_token).map(|t| utf8(t, "--token")).transpose();
         Ok(match self {
             Self::Acquire(a) => {
                 // Checked before the rest so that a bad name wins over a bad pid.
@@ -285,18 +289,23 @@ impl Command {
             Self::Renew(a) => Action::Renew {
                 key: key_of(&a.lock)?,
                 ttl: a.ttl.as_ref().map(ttl_of).transpose()?,
-                token: a.token.as_ref().map(|t| utf8(t, "--token")).transpose()?,
+                token: token(a.token.as_ref())?,
             },
             Self::Release(a) => Action::Release {
                 key: key_of(&a.lock)?,
-                token: a.token.as_ref().map(|t| utf8(t, "--token")).transpose()?,
+                token: token(a.token.as_ref())?,
                 force: a.force,
             },
             Self::Status(a) => Action::Status { key: key_of(&a)? },
             Self::List => Action::List,
             Self::Check(a) => Action::Check {
                 key: key_of(&a.lock)?,
-                token: utf8(&a.token, "--token")?,
+                token: token(a.token.as_ref())?.ok_or_else(|| {
+                    Error::Usage(
+                        "check needs a token: --token T, or SKILL_LOCK_TOKEN in the environment"
+                            .into(),
+                    )
+                })?,
             },
             Self::History(a) => {
                 let (key, limit) = a.validate()?;
@@ -313,7 +322,7 @@ impl Cli {
     /// The one place where arguments become validated settings: the action
     /// first (bad input wins over a missing root), then the store.
     fn into_settings(self, env: Environment) -> Result<Settings> {
-        let action = self.command.into_action()?;
+        let action = self.command.into_action(env.token.as_ref())?;
         Settings::new(action, self.store.as_ref(), self.root.as_deref(), env)
     }
 }
