@@ -28,6 +28,7 @@ mod fs_store;
 mod generated;
 mod git_store;
 mod history;
+mod hostile;
 mod interleavings;
 mod races;
 mod stress;
