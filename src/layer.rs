@@ -76,8 +76,12 @@ fn read_small(path: &Path) -> Result<String> {
             std::io::Error::other("it is not a regular file"),
         ));
     }
-    let bytes = crate::store::fs::layer::read_bounded(file, crate::store::fs::layer::READ_LIMIT)
-        .map_err(|e| Error::io("read", path, e))?;
+    let bytes = crate::store::fs::layer::read_bounded(
+        file,
+        meta.len(),
+        crate::store::fs::layer::READ_LIMIT,
+    )
+    .map_err(|e| Error::io("read", path, e))?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 

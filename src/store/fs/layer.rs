@@ -316,7 +316,11 @@ impl Dir {
     /// # Errors
     /// [`Error::Untrusted`] for a link or a special file; [`Error::Io`].
     pub fn file(&self, name: impl AsRef<OsStr>, how: Open) -> Result<Option<File>> {
-        let name = name.as_ref();
+        Ok(self.file_sized(name.as_ref(), how)?.map(|(f, _)| f))
+    }
+
+    /// [`Dir::file`], with the file's size (from the same `fstat`).
+    fn file_sized(&self, name: &OsStr, how: Open) -> Result<Option<(File, u64)>> {
         let path = self.join(name);
         match self.file_plain(name, how) {
             Ok(f) => Ok(f),
@@ -331,7 +335,7 @@ impl Dir {
         &self,
         name: &OsStr,
         how: Open,
-    ) -> std::result::Result<Option<File>, Entry> {
+    ) -> std::result::Result<Option<(File, u64)>, Entry> {
         let base = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         let flags = match how {
             Open::Read => base | OFlags::RDONLY,
@@ -355,7 +359,40 @@ impl Dir {
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(Entry::NotAFile(kind_of(&st)));
         }
-        Ok(Some(File::from(fd)))
+        Ok(Some((
+            File::from(fd),
+            u64::try_from(st.st_size).unwrap_or(0),
+        )))
+    }
+
+    /// Opens the regular file at the relative path `rel` below this
+    /// directory in one lookup (Linux `openat2` with no link anywhere on the
+    /// way and nothing outside this directory), with its size. `None` for
+    /// anything that is not that simple (absent, a link, not a regular
+    /// file, an older kernel or a sandbox without `openat2`, another OS):
+    /// the caller then looks the exact, step-by-step way.
+    #[must_use]
+    pub fn file_beneath(&self, rel: &str) -> Option<(File, u64)> {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            use rustix::fs::ResolveFlags;
+            let fd = rustix::fs::openat2(
+                &self.fd,
+                rel,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH,
+            )
+            .ok()?;
+            let st = rustix::fs::fstat(&fd).ok()?;
+            (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+                .then(|| (File::from(fd), u64::try_from(st.st_size).unwrap_or(0)))
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        {
+            let _ = rel;
+            None
+        }
     }
 
     /// Reads file `name` whole, at most [`READ_LIMIT`] bytes (one more shows
@@ -365,10 +402,10 @@ impl Dir {
     /// As [`Dir::file`]; [`Error::Io`] when it is larger than the limit.
     pub fn read_small(&self, name: impl AsRef<OsStr>) -> Result<Option<Vec<u8>>> {
         let name = name.as_ref();
-        let Some(file) = self.file(name, Open::Read)? else {
+        let Some((file, len)) = self.file_sized(name, Open::Read)? else {
             return Ok(None);
         };
-        let bytes = read_bounded(file, READ_LIMIT + 1)
+        let bytes = read_bounded(file, len, READ_LIMIT + 1)
             .map_err(|e| Error::io("read", self.join(name), e))?;
         if bytes.len() > READ_LIMIT {
             return Err(untrusted(
@@ -561,15 +598,14 @@ pub(crate) enum Entry {
     Io(std::io::Error),
 }
 
-/// Reads at most `limit` bytes of the regular file `file`: exactly its size
-/// when that is smaller (one read, no read for the end of file: a file of
+/// Reads at most `limit` bytes of the regular file `file` of size `size`
+/// (from the `fstat` that checked it): exactly its size when that is smaller (one read, no read for the end of file: a file of
 /// the layer is replaced by rename, never written in place, so its size is
 /// final), else `limit` bytes.
 ///
 /// # Errors
 /// The OS error.
-pub fn read_bounded(mut file: File, limit: usize) -> std::io::Result<Vec<u8>> {
-    let size = file.metadata()?.len();
+pub fn read_bounded(mut file: File, size: u64, limit: usize) -> std::io::Result<Vec<u8>> {
     let want = usize::try_from(size).unwrap_or(usize::MAX).min(limit);
     let mut bytes = vec![0u8; want];
     let mut got = 0;

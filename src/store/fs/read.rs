@@ -31,7 +31,17 @@ fn not_a(dir: &Dir, name: &OsStr, what: &str) -> Current {
 ///
 /// # Errors
 /// [`Error::Io`] when the layer cannot be read.
+///
+/// The common case, a lock directory holding its record, is one `openat2`
+/// lookup (no link on the way, nothing outside `locks/`): the file found is
+/// the complete record of a lock that was at that path during the lookup,
+/// which is all a reader needs. Anything else is looked at step by step.
 pub fn lock_dir(locks: &Dir, name: &OsStr) -> Result<Current> {
+    if let Some(rel) = name.to_str().map(|n| format!("{n}/{RECORD}"))
+        && let Some((file, len)) = locks.file_beneath(&rel)
+    {
+        return record(file, len, &locks.join(&rel));
+    }
     lock_dir_with(locks, name, &mut || {})
 }
 
@@ -68,7 +78,8 @@ pub fn lock_dir_with(locks: &Dir, name: &OsStr, between: &mut dyn FnMut()) -> Re
             }
             Err(Entry::Io(e)) => return Err(Error::io("read", dir.join(RECORD), e)),
         };
-        return record(file, &dir.join(RECORD));
+        let (file, len) = file;
+        return record(file, len, &dir.join(RECORD));
     }
     Err(Error::io(
         "read",
@@ -84,8 +95,9 @@ pub fn lock_dir_with(locks: &Dir, name: &OsStr, between: &mut dyn FnMut()) -> Re
 ///
 /// # Errors
 /// [`Error::Io`] when it cannot be read.
-pub fn record(file: File, path: &std::path::Path) -> Result<Current> {
-    let bytes = read_bounded(file, MAX_RECORD_BYTES + 1).map_err(|e| Error::io("read", path, e))?;
+pub fn record(file: File, len: u64, path: &std::path::Path) -> Result<Current> {
+    let bytes =
+        read_bounded(file, len, MAX_RECORD_BYTES + 1).map_err(|e| Error::io("read", path, e))?;
     Ok(match OwnerRecord::parse(&bytes) {
         Ok(r) => Current::Held(r),
         Err(why) => Current::Corrupt(why),
