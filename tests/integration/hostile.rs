@@ -557,8 +557,9 @@ fn paths() -> Vec<(String, bool)> {
     v
 }
 
-const PLANTS: [&str; 10] = [
+const PLANTS: [&str; 11] = [
     "link-to-file",
+    "hard-link",
     "link-to-dir",
     "dangling-link",
     "fifo",
@@ -584,6 +585,8 @@ fn plant(w: &World, p: &Path, dir: bool, what: &str) -> bool {
     match what {
         "link-to-file" => symlink(w.decoy.join("file.txt"), p).unwrap(),
         "link-to-dir" => symlink(w.decoy.join("dir"), p).unwrap(),
+        // Another name of a file outside (a hard link is a regular file).
+        "hard-link" => std::fs::hard_link(w.decoy.join("file.txt"), p).unwrap(),
         "dangling-link" => symlink(w.decoy.join("never-created"), p).unwrap(),
         // SAFETY: a valid C string.
         "fifo" => assert_eq!(unsafe { libc::mkfifo(cstr().as_ptr(), 0o600) }, 0),

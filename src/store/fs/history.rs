@@ -33,7 +33,7 @@ use crate::key::LockKey;
 pub const ROTATE_EVENTS: u64 = 10_000;
 /// The most bytes read from the end of one history file (two files of
 /// [`ROTATE_EVENTS`] events of at most one block each fit many times over).
-pub const READ_SPAN: u64 = 128 * 1024 * 1024;
+pub const READ_SPAN: u64 = 64 * 1024 * 1024;
 /// A longer line is no event of ours: it is skipped, never held in memory.
 pub const MAX_LINE: usize = 64 * 1024;
 

@@ -359,6 +359,11 @@ impl Dir {
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(Entry::NotAFile(kind_of(&st)));
         }
+        // A file written in place (the history, its counter) must be ours
+        // alone: a hard link would carry the write to another name.
+        if how != Open::Read && st.st_nlink > 1 {
+            return Err(Entry::NotAFile("a file with other hard links"));
+        }
         Ok(Some((
             File::from(fd),
             u64::try_from(st.st_size).unwrap_or(0),
