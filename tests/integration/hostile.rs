@@ -10,6 +10,7 @@
 //! the generated campaign (its counts are in docs/stress.md).
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -67,7 +68,20 @@ impl World {
     }
 
     fn run(&self, args: &[&str]) -> Out {
-        Out::from(self.cmd(args).output().unwrap())
+        self.run_with(args, &[])
+    }
+
+    /// Runs the binary in the checkout with `vars` set.
+    fn run_with(&self, args: &[&str], vars: &[(&str, &OsStr)]) -> Out {
+        self.run_in(&self.repo, args, vars)
+    }
+
+    fn run_in(&self, cwd: &Path, args: &[&str], vars: &[(&str, &OsStr)]) -> Out {
+        let mut c = self.env.cmd(cwd).args(args);
+        for (k, v) in vars {
+            c = c.env(k, v);
+        }
+        Out::from(c.command().output().unwrap())
     }
 
     fn acquire(&self) -> String {
@@ -314,14 +328,9 @@ fn a_config_or_remote_that_is_an_option_runs_nothing() {
         // The same value from --store and the environment is refused alike.
         w.run(&["status", "s", "--repo", "o/r", "--store", url])
             .expect_error("usage");
-        Out::from(
-            w.env
-                .cmd(&w.repo)
-                .args(["status", "s", "--repo", "o/r"])
-                .env("SKILL_LOCK_STORE", url)
-                .command()
-                .output()
-                .unwrap(),
+        w.run_with(
+            &["status", "s", "--repo", "o/r"],
+            &[("SKILL_LOCK_STORE", url.as_ref())],
         )
         .expect_error("usage");
     }
@@ -333,13 +342,10 @@ fn a_config_or_remote_that_is_an_option_runs_nothing() {
         format!("ext::sh -c touch% {}", pwned.display()),
     ] {
         git(&repo, &["config", "remote.origin.url", &bad]);
-        let out = Out::from(
-            w.env
-                .cmd(&repo)
-                .args(["status", "s", "--repo", "o/r", "--store", "git:origin"])
-                .command()
-                .output()
-                .unwrap(),
+        let out = w.run_in(
+            &repo,
+            &["status", "s", "--repo", "o/r", "--store", "git:origin"],
+            &[],
         );
         out.expect_error("usage");
     }
@@ -375,17 +381,15 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     // Nothing listens on port 9 of loopback: the remote is unreachable.
     let url = "git:https://someone:s3cret-pw@127.0.0.1:9/r.git";
-    let out = Out::from(
-        w.env
-            .cmd(&w.repo)
-            .args(["acquire", "s", "--repo", "o/r"])
-            .env("PATH", &path)
-            .env("SKILL_LOCK_STORE", url)
-            .env("SKILL_LOCK_GIT_TIMEOUT", "3")
-            .env("SKILL_LOCK_GIT_CACHE", w.env.root.join("cache"))
-            .command()
-            .output()
-            .unwrap(),
+    let cache = w.env.root.join("cache");
+    let out = w.run_with(
+        &["acquire", "s", "--repo", "o/r"],
+        &[
+            ("PATH", path.as_ref()),
+            ("SKILL_LOCK_STORE", url.as_ref()),
+            ("SKILL_LOCK_GIT_TIMEOUT", "3".as_ref()),
+            ("SKILL_LOCK_GIT_CACHE", cache.as_os_str()),
+        ],
     );
     out.expect_error("store_unavailable");
     assert!(!out.stdout.contains("s3cret"), "{}", out.stdout);
@@ -401,14 +405,9 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
         "git:https://someone:s3cret-pw@h/r.git#../x",
         "nope://someone:s3cret-pw@h/r",
     ] {
-        let out = Out::from(
-            w.env
-                .cmd(&w.repo)
-                .args(["status", "s", "--repo", "o/r"])
-                .env("SKILL_LOCK_STORE", bad)
-                .command()
-                .output()
-                .unwrap(),
+        let out = w.run_with(
+            &["status", "s", "--repo", "o/r"],
+            &[("SKILL_LOCK_STORE", bad.as_ref())],
         );
         out.expect_error("usage");
         assert!(!out.stdout.contains("s3cret"), "{}", out.stdout);
@@ -496,17 +495,7 @@ fn a_layer_others_can_write_or_own_is_refused_with_the_fix() {
 fn the_token_comes_from_the_environment_and_the_flag_wins() {
     let w = World::new();
     let token = w.acquire();
-    let with_env = |t: &str, args: &[&str]| {
-        Out::from(
-            w.env
-                .cmd(&w.repo)
-                .args(args)
-                .env("SKILL_LOCK_TOKEN", t)
-                .command()
-                .output()
-                .unwrap(),
-        )
-    };
+    let with_env = |t: &str, args: &[&str]| w.run_with(args, &[("SKILL_LOCK_TOKEN", t.as_ref())]);
     with_env(&token, &["check", "s", "--repo", "o/r"]).expect(0, "held");
     with_env(&token, &["renew", "s", "--repo", "o/r"]).expect(0, "renewed");
     let wrong = "0".repeat(32);

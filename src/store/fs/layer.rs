@@ -242,22 +242,12 @@ impl Dir {
         let name = name.as_ref();
         let path = self.join(name);
         for _ in 0..2 {
-            match rustix::fs::openat(
-                &self.fd,
-                name,
-                OFlags::RDONLY
-                    | OFlags::DIRECTORY
-                    | OFlags::NOFOLLOW
-                    | OFlags::CLOEXEC
-                    | OFlags::NONBLOCK,
-                Mode::empty(),
-            ) {
-                Ok(fd) => {
-                    let d = Self { fd, path };
+            match self.dir_plain(name) {
+                Ok(Some(d)) => {
                     d.check_owner()?;
                     return Ok(Some(d));
                 }
-                Err(e) if e == rustix::io::Errno::NOENT => {
+                Ok(None) => {
                     if !create {
                         return Ok(None);
                     }
@@ -267,14 +257,14 @@ impl Dir {
                         Err(e) => return Err(Error::io("create", &path, e.into())),
                     }
                 }
-                Err(e) if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR => {
+                Err(Entry::Io(e)) => return Err(Error::io("open", &path, e)),
+                Err(_) => {
                     return Err(not_a(
                         &path,
                         "a directory",
                         found(self.stat_at(name)?.as_ref()),
                     ));
                 }
-                Err(e) => return Err(Error::io("open", &path, e.into())),
             }
         }
         Err(Error::io(
