@@ -127,8 +127,11 @@ fn keeper_program() -> Result<PathBuf> {
         clippy::disallowed_methods,
         reason = "the keeper is this binary run again; not configuration"
     )]
-    std::env::current_exe()
-        .map_err(|e| Error::Internal(format!("cannot find this program to start run's keeper: {e}")))
+    std::env::current_exe().map_err(|e| {
+        Error::Internal(format!(
+            "cannot find this program to start run's keeper: {e}"
+        ))
+    })
 }
 
 impl Keeper {
@@ -140,8 +143,7 @@ impl Keeper {
     /// [`Error::Internal`] when no pipe or process can be made.
     pub fn start(grace: Duration, program: &Path, cmd: &[OsString]) -> Result<Self> {
         let pipe = || {
-            std::io::pipe()
-                .map_err(|e| Error::Internal(format!("cannot make a pipe for run: {e}")))
+            std::io::pipe().map_err(|e| Error::Internal(format!("cannot make a pipe for run: {e}")))
         };
         let (control_r, control_w) = pipe()?;
         let (report_r, report_w) = pipe()?;
@@ -161,8 +163,7 @@ impl Keeper {
             command.pre_exec(move || {
                 let a = libc::fcntl(cr, libc::F_DUPFD_CLOEXEC, 10);
                 let b = libc::fcntl(rw, libc::F_DUPFD_CLOEXEC, 10);
-                if a < 0 || b < 0 || libc::dup2(a, CONTROL_FD) < 0 || libc::dup2(b, REPORT_FD) < 0
-                {
+                if a < 0 || b < 0 || libc::dup2(a, CONTROL_FD) < 0 || libc::dup2(b, REPORT_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -178,7 +179,11 @@ impl Keeper {
         // (itself stopped) must never block the wrapper on a full pipe.
         unsafe {
             let flags = libc::fcntl(control_w.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(control_w.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+            libc::fcntl(
+                control_w.as_raw_fd(),
+                libc::F_SETFL,
+                flags | libc::O_NONBLOCK,
+            );
         }
         Ok(Self {
             child,
@@ -610,7 +615,9 @@ mod tests {
             Msg::parse("go 7 1 abc"),
             Some(Msg::Go { fence: 7, lend: true, ref token }) if token == "abc"
         ));
-        assert!(matches!(Msg::parse("stop-at 1500"), Some(Msg::StopAt(d)) if d.as_millis() == 1500));
+        assert!(
+            matches!(Msg::parse("stop-at 1500"), Some(Msg::StopAt(d)) if d.as_millis() == 1500)
+        );
         assert!(matches!(Msg::parse("signal 2"), Some(Msg::Signal(2))));
         assert!(Msg::parse("go x 1 t").is_none());
         assert!(Msg::parse("").is_none());

@@ -323,7 +323,8 @@ fn supervise<S: Store + Clone + Send + 'static>(
         End::Done(status) => (status, false, true, None),
         End::Lost(status) => {
             keeper.stop();
-            let (status, settled) = settle(&rx, &mut keeper, status, grace + Duration::from_secs(5));
+            let (status, settled) =
+                settle(&rx, &mut keeper, status, grace + Duration::from_secs(5));
             (status, true, settled, Some(libc::SIGTERM))
         }
         End::KeeperGone(status) => {

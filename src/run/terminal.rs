@@ -44,4 +44,3 @@ impl Drop for Terminal {
         set_foreground(self.0);
     }
 }
-

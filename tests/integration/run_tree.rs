@@ -112,7 +112,9 @@ impl World {
     /// defaults, output discarded, and `setsid` first when asked.
     fn spawn_run(&self, ttl: &str, script: &str, own_session: bool) -> Child {
         let mut cmd = self
-            .cmd(&["run", SKILL, "--repo", REPO, "--ttl", ttl, "--", "sh", "-c", script])
+            .cmd(&[
+                "run", SKILL, "--repo", REPO, "--ttl", ttl, "--", "sh", "-c", script,
+            ])
             .command();
         // SAFETY: only async-signal-safe calls (signal, setsid) between
         // fork and exec.
@@ -139,7 +141,10 @@ impl World {
     fn until_written(&self) {
         let start = Instant::now();
         while std::fs::read_to_string(&self.witness).map_or(true, |w| w.is_empty()) {
-            assert!(start.elapsed() < Duration::from_secs(10), "the writer never wrote");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the writer never wrote"
+            );
             thread::sleep(Duration::from_millis(20));
         }
     }
@@ -150,7 +155,9 @@ impl World {
     #[track_caller]
     fn next_holder_counts_late_writes(&self) -> (u64, usize) {
         let out = self
-            .cmd(&["acquire", SKILL, "--repo", REPO, "--wait", "20", "--ttl", "60"])
+            .cmd(&[
+                "acquire", SKILL, "--repo", REPO, "--wait", "20", "--ttl", "60",
+            ])
             .run();
         assert_eq!(
             (out.code, out.json["result"].as_str()),
@@ -234,7 +241,12 @@ fn gone(pid: i32) -> bool {
 fn sigkill_group(pgid: i32) {
     // SAFETY: kill(2) of a process group this test made.
     let rc = unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    assert_eq!(rc, 0, "kill -KILL -- -{pgid}: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "kill -KILL -- -{pgid}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn wait_bounded(mut child: Child) {
@@ -385,11 +397,18 @@ fn job_kill(store: Store) {
     let job = job.spawn().unwrap();
     let start = Instant::now();
     while w.writer_pids().len() < 2 || !pidfile_written(&pidfile) {
-        assert!(start.elapsed() < Duration::from_secs(10), "the job never started");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the job never started"
+        );
         thread::sleep(Duration::from_millis(20));
     }
     w.until_written();
-    let wrapper: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let wrapper: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let pgid = i32::try_from(job.id()).unwrap();
     // The wrapper and the shell share the group the shell leads.
     // SAFETY: getpgid(2) of the wrapper this test's job started.
