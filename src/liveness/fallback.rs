@@ -21,3 +21,8 @@ pub(super) fn process_start(_pid: u32) -> Option<u64> {
 pub(super) fn group_has_running_member(_pgid: u32) -> Option<bool> {
     None
 }
+
+/// No portable way to list processes: the caller signals the group instead.
+pub(super) fn tree(_root: u32) -> Option<Vec<u32>> {
+    None
+}

@@ -118,3 +118,55 @@ pub(super) fn group_has_running_member(pgid: u32) -> Option<bool> {
     }
     zombies.then_some(false)
 }
+
+/// Every process below `root` (by parent links, which on Linux end at the
+/// nearest child subreaper: a process that `setsid()`s or double-forks is
+/// re-parented to `root` when `root` is one) and every member of the
+/// process group `root` leads, `root` itself excluded; `None` when `/proc`
+/// cannot be read. One pass over `/proc/*/stat`: a process that forks
+/// during the pass may be missed, so callers that must stop everything
+/// repeat until nothing is left.
+pub(super) fn tree(root: u32) -> Option<Vec<u32>> {
+    use std::collections::HashMap;
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace().skip(1);
+        let (Some(parent), Some(pgrp)) = (
+            fields.next().and_then(|f| f.parse::<u32>().ok()),
+            fields.next().and_then(|f| f.parse::<u32>().ok()),
+        ) else {
+            continue;
+        };
+        children.entry(parent).or_default().push(pid);
+        if pgrp == root && pid != root {
+            found.push(pid);
+        }
+    }
+    let mut seen: std::collections::HashSet<u32> = found.iter().copied().collect();
+    let mut todo = vec![root];
+    todo.extend(found.iter().copied());
+    while let Some(parent) = todo.pop() {
+        for &child in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+            if child != root && seen.insert(child) {
+                found.push(child);
+                todo.push(child);
+            }
+        }
+    }
+    found.sort_unstable();
+    Some(found)
+}

@@ -154,6 +154,17 @@ pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
     Some(os::group_has_running_member(pgid).unwrap_or(true))
 }
 
+/// Every process that `run`'s keeper `root` owns (SPEC §2.7): its
+/// descendants by parent links (on Linux the keeper is a child subreaper,
+/// so what left CMD's group or session by `setsid` or a double fork is
+/// still among them) and the members of the group it leads, `root` itself
+/// excluded. `None`: the platform cannot list processes (the caller then
+/// signals the group).
+#[must_use]
+pub fn tree(root: u32) -> Option<Vec<u32>> {
+    os::tree(root)
+}
+
 /// The verdict on a `run` lock's process group, where the record names one
 /// and was written in this boot and pid namespace (SPEC §6): `Some(true)` while any member
 /// lives (held, even past `expires`: those members may still write),

@@ -31,6 +31,7 @@ mod history;
 mod hostile;
 mod interleavings;
 mod races;
+mod run_tree;
 mod stress;
 mod verbs;
 mod wait_run;

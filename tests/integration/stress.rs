@@ -1414,7 +1414,10 @@ fn stress_pid_namespace_long() {
 // (its verifier expects only `expired` takeovers): `run` with commands whose
 // background children write to the witness with no check at all (so their
 // safety rests on the tool alone), wrappers SIGKILLed at random moments,
-// commands that exit leaving their background writer behind, `--wait`, and
+// commands that exit leaving their background writer behind, commands whose
+// writer daemonizes (`setsid`: it leaves CMD's group and session), wrappers
+// started in a session of their own whose whole process group is SIGKILLed
+// (a CI cancel), `--wait`, and
 // `acquire --owner-pid` holders whose owner is SIGKILLed instead of released
 // (an `owner_dead` takeover). Every write is one `O_APPEND` line
 // `<lock> <fence>`; the property is that per lock, in write order, fences
@@ -1436,6 +1439,8 @@ struct RunStats {
     runs: AtomicU64,
     ran: AtomicU64,
     left_behind: AtomicU64,
+    daemons: AtomicU64,
+    group_kills: AtomicU64,
     lost: AtomicU64,
     already_running: AtomicU64,
     acquired: AtomicU64,
@@ -1459,16 +1464,34 @@ impl RunWorld {
 
     /// Runs the binary to its end; SIGKILLs it `kill_after_ms` after the start.
     fn invoke(&self, args: &[String], kill_after_ms: Option<u64>) -> (Out, bool) {
+        self.invoke_as(args, kill_after_ms, false)
+    }
+
+    /// [`Self::invoke`]; with `group`, the binary leads a session and process
+    /// group of its own, and the SIGKILL goes to that whole group.
+    fn invoke_as(&self, args: &[String], kill_after_ms: Option<u64>, group: bool) -> (Out, bool) {
+        use std::os::unix::process::CommandExt;
         let mut cmd = Cmd::new(&self.repo).args(args).command();
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if group {
+            // SAFETY: only setsid (async-signal-safe) between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+        }
         bump(&self.stats.operations);
         let child = cmd.spawn().expect("the binary starts");
         if let Some(ms) = kill_after_ms {
             std::thread::sleep(Duration::from_millis(ms));
-            // SAFETY: the child is not reaped yet, so the pid is still ours.
-            unsafe { libc::kill(libc::pid_t::try_from(child.id()).unwrap(), libc::SIGKILL) };
+            let pid = libc::pid_t::try_from(child.id()).unwrap();
+            // SAFETY: the child is not reaped yet, so the pid (and, with
+            // `group`, the group it leads) is still ours.
+            unsafe { libc::kill(if group { -pid } else { pid }, libc::SIGKILL) };
         }
         // Its output ends when the last process holding it does: bounded,
         // so a writer that outlives `run` fails the run instead of hanging it.
@@ -1493,6 +1516,9 @@ impl RunWorld {
         let killed = output.status.signal() == Some(libc::SIGKILL);
         if killed {
             bump(&self.stats.kills);
+            if group {
+                bump(&self.stats.group_kills);
+            }
         }
         (Out::from(output), killed)
     }
@@ -1510,11 +1536,14 @@ fn run_json(out: &Out) -> Value {
 }
 
 /// `run` of a shell whose background child writes `<lock> <fence>` every
-/// 10 ms; the shell then either stops its child and exits, or exits leaving
-/// it running (for `run` to stop). Sometimes with `--wait`, sometimes the
-/// wrapper is SIGKILLed at a random moment.
+/// 10 ms, a third of the time as a daemon (`setsid`: out of CMD's group and
+/// session); the shell then either stops its child and exits, or exits
+/// leaving it running (for `run` to stop). Sometimes with `--wait`,
+/// sometimes the wrapper is SIGKILLed at a random moment, half of those
+/// times with its whole process group.
 fn run_once(world: &RunWorld, rng: &mut Rng) {
-    const SCRIPT: &str = r#"(while :; do echo "$1 $SKILL_LOCK_FENCE" >> "$2"; sleep 0.01; done) &
+    const SCRIPT: &str = r#"W='while :; do echo "$1 $SKILL_LOCK_FENCE" >> "$2"; sleep 0.01; done'
+if [ "$5" = daemon ]; then setsid sh -c "$W" sh "$1" "$2" & else sh -c "$W" sh "$1" "$2" & fi
 sleep "$3"
 if [ "$4" = clean ]; then kill $!; wait; fi
 exit 0"#;
@@ -1526,6 +1555,7 @@ exit 0"#;
     }
     let secs = format!("0.{:02}", rng.below(40));
     let mode = if rng.chance(50) { "clean" } else { "leave" };
+    let how = if rng.chance(33) { "daemon" } else { "child" };
     let witness = world.witness.to_str().unwrap().to_owned();
     args.extend(
         [
@@ -1538,12 +1568,17 @@ exit 0"#;
             &witness,
             &secs,
             mode,
+            how,
         ]
         .map(String::from),
     );
     let kill = rng.chance(25).then(|| rng.below(1_500));
+    let group = kill.is_some() && rng.chance(50);
     bump(&world.stats.runs);
-    let (out, killed) = world.invoke(&args, kill);
+    if how == "daemon" {
+        bump(&world.stats.daemons);
+    }
+    let (out, killed) = world.invoke_as(&args, kill, group);
     if killed {
         return;
     }
@@ -1740,16 +1775,18 @@ fn run_episode(seed: u64, secs: u64) -> (String, Vec<String>) {
     let violations = world.violations.into_inner().unwrap();
     let line = format!(
         "stress(run) summary: seed={seed} secs={:.0} workers={RUN_WORKERS} operations={} runs={} \
-         ran={} (left a writer behind {}) lost={} already_running={} sigkills={} owner_pid_acquired={} \
-         owner_kills={} released={} witnessed_holders={holders} takeovers={takeovers:?} violations={}",
+         ran={} (left a writer behind {}) daemons={} lost={} already_running={} sigkills={} (of the whole group {}) \
+         owner_pid_acquired={} owner_kills={} released={} witnessed_holders={holders} takeovers={takeovers:?} violations={}",
         started.elapsed().as_secs_f64(),
         get(&st.operations),
         get(&st.runs),
         get(&st.ran),
         get(&st.left_behind),
+        get(&st.daemons),
         get(&st.lost),
         get(&st.already_running),
         get(&st.kills),
+        get(&st.group_kills),
         get(&st.acquired),
         get(&st.owner_kills),
         get(&st.released),

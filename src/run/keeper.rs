@@ -1,0 +1,625 @@
+//! The keeper: the process that owns everything CMD starts (SPEC §2.7).
+//!
+//! Invariant: **no process CMD started outlives the lease the wrapper last
+//! confirmed, and the keeper lives exactly as long as any of them does.**
+//!
+//! The wrapper starts the keeper before it takes the lock, as a fresh exec
+//! of this same binary (`/proc/self/exe` on Linux) with [`KEEPER_ARG`], so
+//! the keeper is a single-threaded process of its own that may use the
+//! standard library freely (a plain fork of the multi-threaded wrapper may
+//! not). The keeper
+//!
+//! - leads a process group of its own, in the wrapper's session but never
+//!   in the wrapper's group: a signal to the wrapper's group (a CI cancel,
+//!   job control, `timeout -s KILL`) does not reach it, while CMD keeps the
+//!   wrapper's controlling terminal (job control, `/dev/tty` prompts);
+//! - blocks or ignores every signal a terminal or a group signal sends
+//!   (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU);
+//! - is a child subreaper on Linux (`PR_SET_CHILD_SUBREAPER`), so a process
+//!   of CMD's that `setsid()`s, changes its group or double-forks is
+//!   re-parented to the keeper, never to init: it stays in the tree the
+//!   keeper walks ([`crate::liveness::tree`]) and reaps;
+//! - starts CMD as its child, in the keeper's own group (so the group's id,
+//!   the keeper's pid, is named in the lock's record as `owner_pgid` before
+//!   the lock is taken, and liveness holds the lock while any member of
+//!   that group lives: the keeper, and CMD's processes that stayed in it);
+//! - stops the whole tree (SIGTERM and SIGCONT, the grace, then SIGKILL
+//!   until none is left) when the wrapper says so, when the stop moment
+//!   the wrapper last sent passes (the wrapper is frozen or starved), when
+//!   the wrapper's pipe closes (the wrapper died, however), and when CMD
+//!   exits leaving processes behind;
+//! - reaps every process re-parented to it and exits only once it has no
+//!   child left, that is once no process of the tree is left.
+//!
+//! Control messages (wrapper to keeper, fd 3 of the keeper) and reports
+//! (keeper to wrapper, fd 4) are text lines, each one `write` shorter than
+//! `PIPE_BUF`, so never torn. The token travels only over the pipe, never
+//! in the keeper's arguments.
+//!
+//! What escapes where the platform has no subreaper (macOS, other Unix):
+//! a process that leaves CMD's process group (`setsid`, `setpgid`) and
+//! whose parent then exits is re-parented to init (launchd) and no longer
+//! found; everything that stays in the group is found and stopped.
+
+use std::ffi::OsString;
+use std::io::{BufRead, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, ExitStatus};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::terminal::set_foreground;
+use super::{errno, lease_clock};
+use crate::error::{Error, Result};
+use crate::signals;
+
+/// The first argument that makes this binary the keeper of a `run`.
+pub const KEEPER_ARG: &str = "__skill-lock-run-keeper";
+
+/// The keeper's end of the control pipe.
+const CONTROL_FD: RawFd = 3;
+/// The keeper's end of the report pipe.
+const REPORT_FD: RawFd = 4;
+
+/// The signals a terminal or a group signal may send that the keeper must
+/// survive: blocked (the forwarded ones, which `run` handles itself) or
+/// ignored (the rest); CMD gets them back at their defaults.
+const IGNORED: [libc::c_int; 4] = [libc::SIGQUIT, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+/// What the keeper reports to the wrapper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// CMD started with this pid.
+    Started(u32),
+    /// CMD could not be started (the reason).
+    Failed(String),
+    /// CMD itself ended; `leftovers`: processes it started are still alive
+    /// (the keeper is stopping them).
+    Exited {
+        /// CMD's wait status.
+        status: ExitStatus,
+        /// Something of CMD's was left running.
+        leftovers: bool,
+    },
+    /// No process of CMD's is left; the keeper exits.
+    Empty,
+    /// The report pipe closed without [`Report::Empty`]: the keeper is gone.
+    Gone,
+}
+
+impl Report {
+    fn parse(line: &str) -> Option<Self> {
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        Some(match word {
+            "started" => Self::Started(rest.parse().ok()?),
+            "failed" => Self::Failed(rest.to_owned()),
+            "exited" => {
+                let (raw, left) = rest.split_once(' ')?;
+                Self::Exited {
+                    status: ExitStatus::from_raw(raw.parse().ok()?),
+                    leftovers: left == "1",
+                }
+            }
+            "empty" => Self::Empty,
+            _ => return None,
+        })
+    }
+}
+
+/// The wrapper's handle on its keeper.
+#[derive(Debug)]
+pub struct Keeper {
+    child: Child,
+    control: Option<std::io::PipeWriter>,
+    reports: Option<std::io::PipeReader>,
+    started: bool,
+    reaped: bool,
+}
+
+/// The program to exec as the keeper: this very binary.
+fn keeper_program() -> Result<PathBuf> {
+    if cfg!(target_os = "linux") {
+        return Ok(PathBuf::from("/proc/self/exe"));
+    }
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the keeper is this binary run again; not configuration"
+    )]
+    std::env::current_exe().map_err(|e| {
+        Error::Internal(format!(
+            "cannot find this program to start run's keeper: {e}"
+        ))
+    })
+}
+
+impl Keeper {
+    /// Starts the keeper of `program` (with the words `cmd`, the first of
+    /// which is its `argv[0]`); `grace` is the time between its SIGTERM and
+    /// SIGKILL. Its pid is the id of the group CMD will run in.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when no pipe or process can be made.
+    pub fn start(grace: Duration, program: &Path, cmd: &[OsString]) -> Result<Self> {
+        let pipe = || {
+            std::io::pipe().map_err(|e| Error::Internal(format!("cannot make a pipe for run: {e}")))
+        };
+        let (control_r, control_w) = pipe()?;
+        let (report_r, report_w) = pipe()?;
+        let (cr, rw) = (control_r.as_raw_fd(), report_w.as_raw_fd());
+        let mut command = Command::new(keeper_program()?);
+        command
+            .arg0("skill-lock-keeper")
+            .arg(KEEPER_ARG)
+            .arg(grace.as_millis().to_string())
+            .arg(program)
+            .args(cmd)
+            .process_group(0);
+        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork
+        // and exec. Both ends are first moved above the target numbers
+        // (close-on-exec copies), so neither dup2 overwrites the other.
+        unsafe {
+            command.pre_exec(move || {
+                let a = libc::fcntl(cr, libc::F_DUPFD_CLOEXEC, 10);
+                let b = libc::fcntl(rw, libc::F_DUPFD_CLOEXEC, 10);
+                if a < 0 || b < 0 || libc::dup2(a, CONTROL_FD) < 0 || libc::dup2(b, REPORT_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|e| {
+            Error::Internal(format!(
+                "cannot start run's keeper process: {e}; check that this program can run itself again"
+            ))
+        })?;
+        drop((control_r, report_w));
+        // SAFETY: fcntl on our own descriptor: a keeper that stopped reading
+        // (itself stopped) must never block the wrapper on a full pipe.
+        unsafe {
+            let flags = libc::fcntl(control_w.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(
+                control_w.as_raw_fd(),
+                libc::F_SETFL,
+                flags | libc::O_NONBLOCK,
+            );
+        }
+        Ok(Self {
+            child,
+            control: Some(control_w),
+            reports: Some(report_r),
+            started: false,
+            reaped: false,
+        })
+    }
+
+    /// The keeper's pid: the id of the process group it leads.
+    #[must_use]
+    pub fn pgid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// One control line; lost only when the keeper has gone or stopped reading.
+    fn send(&mut self, line: &str) {
+        if let Some(pipe) = &mut self.control {
+            let _ = pipe.write_all(line.as_bytes());
+        }
+    }
+
+    /// Starts CMD under the lease with `token` and `fence`; with `lend`,
+    /// CMD's group is made the terminal's foreground.
+    pub fn go(&mut self, token: &str, fence: u64, lend: bool) {
+        self.started = true;
+        self.send(&format!("go {fence} {} {token}\n", u8::from(lend)));
+    }
+
+    /// Tells the keeper to stop the tree itself at `stop_at` on the lease
+    /// clock unless a later moment comes first.
+    pub fn arm(&mut self, stop_at: Duration) {
+        self.send(&format!("stop-at {}\n", stop_at.as_millis()));
+    }
+
+    /// Forwards `sig` to every process of the tree.
+    pub fn signal(&mut self, sig: libc::c_int) {
+        self.send(&format!("signal {sig}\n"));
+    }
+
+    /// Stops the tree now (SIGTERM, the grace, SIGKILL).
+    pub fn stop(&mut self) {
+        self.send("stop\n");
+    }
+
+    /// Hands every report to `tx` as `wrap(report)`, from a thread of its
+    /// own; the last is [`Report::Empty`] or [`Report::Gone`].
+    pub fn reports<T: Send + 'static>(&mut self, tx: mpsc::Sender<T>, wrap: fn(Report) -> T) {
+        let Some(pipe) = self.reports.take() else {
+            return;
+        };
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let Some(report) = Report::parse(&line) else {
+                    continue;
+                };
+                let last = report == Report::Empty;
+                if tx.send(wrap(report)).is_err() || last {
+                    return;
+                }
+            }
+            let _ = tx.send(wrap(Report::Gone));
+        });
+    }
+
+    /// Before CMD started: lets the keeper exit and reaps it.
+    pub fn quit(&mut self) {
+        self.send("quit\n");
+        self.control = None;
+        self.reap();
+    }
+
+    /// Waits for the keeper to exit (it does once no process of the tree
+    /// is left, or at once before CMD started).
+    pub fn reap(&mut self) {
+        if !self.reaped {
+            self.reaped = true;
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        if self.started {
+            // Closing the pipe makes the keeper stop whatever is left; it
+            // exits on its own once nothing is.
+            self.control = None;
+            let _ = self.child.try_wait();
+        } else {
+            self.quit();
+        }
+    }
+}
+
+// ------------------------------------------------------------ the keeper
+
+/// What the keeper's threads hand its main loop.
+enum Msg {
+    Go {
+        fence: u64,
+        lend: bool,
+        token: String,
+    },
+    StopAt(Duration),
+    Signal(libc::c_int),
+    Stop,
+    Quit,
+    /// The control pipe closed: the wrapper is gone.
+    Gone,
+    /// CMD (the keeper's first child) ended with this wait status.
+    Exited(libc::c_int),
+    /// The keeper has no child left.
+    Empty,
+}
+
+impl Msg {
+    fn parse(line: &str) -> Option<Self> {
+        let mut words = line.splitn(4, ' ');
+        Some(match words.next()? {
+            "go" => Self::Go {
+                fence: words.next()?.parse().ok()?,
+                lend: words.next()? == "1",
+                token: words.next()?.to_owned(),
+            },
+            "stop-at" => Self::StopAt(Duration::from_millis(words.next()?.parse().ok()?)),
+            "signal" => Self::Signal(words.next()?.parse().ok()?),
+            "stop" => Self::Stop,
+            "quit" => Self::Quit,
+            _ => return None,
+        })
+    }
+}
+
+/// When this process was started as a keeper ([`KEEPER_ARG`] first), runs
+/// it to its end and returns its exit status; `None` otherwise.
+#[must_use]
+pub fn main_if_keeper() -> Option<ExitCode> {
+    let mut args = std::env::args_os().skip(1);
+    if args.next()? != KEEPER_ARG {
+        return None;
+    }
+    let args: Vec<OsString> = args.collect();
+    Some(keeper_main(&args).unwrap_or_else(|| {
+        eprintln!(
+            "skill-lock: {KEEPER_ARG} is the keeper of `skill-lock run` and is started only by it; use `skill-lock run`"
+        );
+        ExitCode::from(2)
+    }))
+}
+
+fn is_fifo(fd: RawFd) -> bool {
+    // SAFETY: fstat into a zeroed stat of a descriptor number; a closed one
+    // only makes it fail.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &raw mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
+    }
+}
+
+/// Blocks the forwarded signals and ignores the terminal's others, in this
+/// (still the only) thread, so that every thread started later inherits it.
+fn guard_signals() {
+    signals::block();
+    for sig in IGNORED {
+        // SAFETY: setting a signal's disposition to ignore.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+}
+
+/// The keeper's life; `None` when it was not started by `run` (no pipes).
+fn keeper_main(args: &[OsString]) -> Option<ExitCode> {
+    let grace = Duration::from_millis(args.first()?.to_str()?.parse().ok()?);
+    let program = PathBuf::from(args.get(1)?);
+    let words = args.get(2..).filter(|a| !a.is_empty())?;
+    if !is_fifo(CONTROL_FD) || !is_fifo(REPORT_FD) {
+        return None;
+    }
+    guard_signals();
+    // SAFETY: fcntl and prctl on this process; the two descriptors were
+    // checked to be pipes, handed over by the wrapper, owned by no one
+    // else here.
+    let (control, report) = unsafe {
+        libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        #[cfg(target_os = "linux")]
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        (
+            std::fs::File::from_raw_fd(CONTROL_FD),
+            std::fs::File::from_raw_fd(REPORT_FD),
+        )
+    };
+    let (tx, rx) = mpsc::channel();
+    let control_tx = tx.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(control).lines() {
+            let Ok(line) = line else { break };
+            if let Some(msg) = Msg::parse(&line)
+                && control_tx.send(msg).is_err()
+            {
+                return;
+            }
+        }
+        let _ = control_tx.send(Msg::Gone);
+    });
+    let mut tree = Tree {
+        me: std::process::id(),
+        cmd: None,
+        report,
+        grace,
+        stop_at: None,
+        kill_at: None,
+    };
+    let (fence, lend, token) = loop {
+        match rx.recv() {
+            Ok(Msg::Go { fence, lend, token }) => break (fence, lend, token),
+            Ok(Msg::StopAt(at)) => tree.stop_at = Some(at),
+            Ok(Msg::Quit | Msg::Gone) | Err(_) => return Some(ExitCode::SUCCESS),
+            Ok(_) => {}
+        }
+    };
+    match tree.spawn(&program, words, &token, fence, lend) {
+        Ok(pid) => tree.say(&format!("started {pid}")),
+        Err(e) => {
+            tree.say(&format!(
+                "failed cannot run {}: {e}; check the command name and PATH",
+                program.display()
+            ));
+            return Some(ExitCode::SUCCESS);
+        }
+    }
+    release_stdio();
+    let reaper_tx = tx;
+    let cmd = tree.cmd;
+    std::thread::spawn(move || reap_all(cmd, &reaper_tx));
+    tree.supervise(&rx);
+    Some(ExitCode::SUCCESS)
+}
+
+/// Points the keeper's standard streams at `/dev/null`: CMD has its own
+/// copies, and the keeper must not hold a terminal or a pipe open.
+fn release_stdio() {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null");
+    for fd in 0..3 {
+        // SAFETY: dup2 onto (or close of) our own standard descriptors.
+        unsafe {
+            match &null {
+                Ok(null) => libc::dup2(null.as_raw_fd(), fd),
+                Err(_) => libc::close(fd),
+            };
+        }
+    }
+}
+
+/// Reaps every child (CMD, and whatever is re-parented to the keeper),
+/// posting CMD's status, and [`Msg::Empty`] once none is left.
+fn reap_all(cmd: Option<u32>, tx: &mpsc::Sender<Msg>) {
+    let cmd = cmd.and_then(|c| libc::pid_t::try_from(c).ok());
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid for any child of this process.
+        let pid = unsafe { libc::waitpid(-1, &raw mut status, 0) };
+        if pid > 0 {
+            if Some(pid) == cmd && tx.send(Msg::Exited(status)).is_err() {
+                return;
+            }
+            continue;
+        }
+        // SAFETY: errno of this thread.
+        if pid < 0 && unsafe { *errno() } == libc::EINTR {
+            continue;
+        }
+        let _ = tx.send(Msg::Empty);
+        return;
+    }
+}
+
+/// What the keeper owns, and its deadlines on the lease clock.
+struct Tree {
+    me: u32,
+    cmd: Option<u32>,
+    report: std::fs::File,
+    grace: Duration,
+    /// Stop the tree at this moment unless a later one is sent.
+    stop_at: Option<Duration>,
+    /// Stopping: SIGKILL what is left at this moment (again every 100 ms).
+    kill_at: Option<Duration>,
+}
+
+impl Tree {
+    fn say(&mut self, line: &str) {
+        let _ = self.report.write_all(format!("{line}\n").as_bytes());
+    }
+
+    fn spawn(
+        &mut self,
+        program: &Path,
+        argv: &[OsString],
+        token: &str,
+        fence: u64,
+        lend: bool,
+    ) -> std::io::Result<u32> {
+        let pgid = libc::pid_t::try_from(self.me).unwrap_or(0);
+        let mut command = Command::new(program);
+        if let Some(arg0) = argv.first() {
+            command.arg0(arg0);
+        }
+        command
+            .args(argv.iter().skip(1))
+            .env("SKILL_LOCK_TOKEN", token)
+            .env("SKILL_LOCK_FENCE", fence.to_string())
+            .process_group(pgid);
+        // SAFETY: only async-signal-safe calls (tcsetpgrp, pthread_sigmask,
+        // signal) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                if lend {
+                    set_foreground(pgid);
+                }
+                signals::unblock_in_child();
+                for sig in IGNORED {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn()?;
+        self.cmd = Some(child.id());
+        // Reaped by `reap_all`, with everything else.
+        drop(child);
+        Ok(self.cmd.unwrap_or(0))
+    }
+
+    /// Sends `sig` to every process of the tree but the keeper. Where the
+    /// platform cannot list them, to CMD and to the keeper's group (which
+    /// the keeper is in: it survives every signal but SIGKILL, and SIGKILL
+    /// is then its last act).
+    fn signal(&self, sig: libc::c_int) {
+        if let Some(members) = crate::liveness::tree(self.me) {
+            for pid in members {
+                if let Ok(pid) = libc::pid_t::try_from(pid) {
+                    // SAFETY: kill(2) of a process of the tree this keeper owns.
+                    unsafe { libc::kill(pid, sig) };
+                }
+            }
+            return;
+        }
+        if let Some(cmd) = self.cmd.and_then(|c| libc::pid_t::try_from(c).ok()) {
+            // SAFETY: kill(2) of CMD, this keeper's child (not reaped yet,
+            // or the call fails harmlessly).
+            unsafe { libc::kill(cmd, sig) };
+        }
+        let _ = signals::send_group(self.me, sig);
+    }
+
+    fn begin_stop(&mut self) {
+        if self.kill_at.is_none() {
+            self.signal(libc::SIGTERM);
+            // A stopped process acts on SIGTERM only once continued.
+            self.signal(libc::SIGCONT);
+            self.kill_at = Some(lease_clock() + self.grace);
+        }
+    }
+
+    /// The main loop once CMD runs: ends when no process of the tree is left.
+    fn supervise(&mut self, rx: &mpsc::Receiver<Msg>) {
+        loop {
+            let now = lease_clock();
+            if self.kill_at.is_none() && self.stop_at.is_some_and(|at| now >= at) {
+                self.begin_stop();
+            }
+            if let Some(at) = self.kill_at
+                && now >= at
+            {
+                self.signal(libc::SIGKILL);
+                self.kill_at = Some(now + Duration::from_millis(100));
+            }
+            let wake = match self.kill_at {
+                Some(at) => at,
+                None => self.stop_at.unwrap_or(now + Duration::from_secs(1)),
+            };
+            // At most 200 ms: a resume from suspend is noticed on the clock.
+            let timeout = wake.saturating_sub(now).min(Duration::from_millis(200));
+            match rx.recv_timeout(timeout) {
+                Ok(Msg::StopAt(at)) => self.stop_at = Some(at),
+                Ok(Msg::Signal(sig)) => self.signal(sig),
+                Ok(Msg::Stop | Msg::Gone) => self.begin_stop(),
+                Ok(Msg::Exited(status)) => {
+                    let left = crate::liveness::tree(self.me).is_none_or(|m| !m.is_empty());
+                    self.say(&format!("exited {status} {}", u8::from(left)));
+                    self.cmd = None;
+                    // Whatever CMD left behind is stopped now (a no-op when
+                    // nothing is, and `Empty` follows at once).
+                    self.begin_stop();
+                }
+                Ok(Msg::Empty) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.say("empty");
+                    return;
+                }
+                Ok(Msg::Go { .. } | Msg::Quit) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_and_messages_parse_and_refuse_garbage() {
+        assert_eq!(Report::parse("started 42"), Some(Report::Started(42)));
+        assert_eq!(
+            Report::parse("exited 256 1"),
+            Some(Report::Exited {
+                status: ExitStatus::from_raw(256),
+                leftovers: true
+            })
+        );
+        assert_eq!(Report::parse("empty"), Some(Report::Empty));
+        assert_eq!(Report::parse("exited x 1"), None);
+        assert_eq!(Report::parse("what"), None);
+        assert!(matches!(
+            Msg::parse("go 7 1 abc"),
+            Some(Msg::Go { fence: 7, lend: true, ref token }) if token == "abc"
+        ));
+        assert!(
+            matches!(Msg::parse("stop-at 1500"), Some(Msg::StopAt(d)) if d.as_millis() == 1500)
+        );
+        assert!(matches!(Msg::parse("signal 2"), Some(Msg::Signal(2))));
+        assert!(Msg::parse("go x 1 t").is_none());
+        assert!(Msg::parse("").is_none());
+    }
+}

@@ -1,0 +1,548 @@
+//! `run` (SPEC §2.7): the command-wrapper mode of flock(1) for callers with a
+//! stable pid.
+//!
+//! The owner of the lock is **everything CMD starts**, not this wrapper:
+//!
+//! 1. CMD is resolved on PATH before the lock is touched ([`resolve`]).
+//! 2. A [`Keeper`] is started first (this binary again, `keeper.rs`): it
+//!    leads a process group of its own, outside the wrapper's group, and on
+//!    Linux is a child subreaper. Its pid is the group id, named in the
+//!    record (`owner_pgid`, with its start time) before the lock is taken;
+//!    liveness holds the lock while any member of that group lives
+//!    (`liveness::group_alive`), and the keeper is one until the last
+//!    process of CMD's tree is gone.
+//! 3. After the acquire the keeper starts CMD as its child, in its group
+//!    (with `SKILL_LOCK_TOKEN` and `SKILL_LOCK_FENCE`). What CMD starts
+//!    stays in the keeper's tree even when it leaves the group or the
+//!    session: it is re-parented to the keeper, not to init. Forwarded
+//!    signals go to every process of the tree.
+//! 4. A [`Renewer`] keeps the end of the lease it last confirmed on a clock
+//!    that never steps and counts suspend, renews every ttl/3, retries a
+//!    failed renewal quickly, and names the moment to stop: a margin before
+//!    that end. At that moment (or as soon as a renewal finds the lock lost)
+//!    the tree is stopped, SIGTERM then SIGKILL after a grace, all before
+//!    the confirmed end, and `run` exits 128+signal with `"lost": true`.
+//! 5. When CMD ends, what it left running is stopped the same way, and the
+//!    lock is released only once the keeper reports that nothing is left.
+//! 6. The wrapper sends the keeper each moment to stop at (step 4), so a
+//!    wrapper that is stopped or starved, not dead, still has the tree
+//!    stopped before the confirmed lease ends; and when the wrapper dies
+//!    however (SIGKILL of it or of its whole group), the keeper's pipe
+//!    closes and it stops the tree at once. Until the tree is gone the lock
+//!    stays held on this machine, so no second writer starts meanwhile.
+
+mod keeper;
+mod renewer;
+mod terminal;
+
+pub use keeper::{KEEPER_ARG, Keeper, Report, main_if_keeper};
+pub use renewer::{Margins, Renewer};
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::engine::{self, Acquire, AcquireRequest, Context, Renew};
+use crate::error::{Error, Result};
+use crate::key::LockKey;
+use crate::liveness;
+use crate::signals::{self, Signals};
+use crate::store::Store;
+use crate::wait::{self, Waited};
+use terminal::Terminal;
+
+/// How a wrapped command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ran {
+    /// The status `run` exits with: CMD's code, or 128+signal.
+    pub exit_status: u8,
+    /// The signal that ended CMD, if any.
+    pub signal: Option<i32>,
+    /// The lease was lost or about to run out unconfirmed: the group was stopped.
+    pub lost: bool,
+    /// Successful renewals.
+    pub renewals: u64,
+    /// The lock was released at the end (false when it had been lost).
+    pub released: bool,
+}
+
+/// What a `run` invocation came to.
+// One value per command: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Outcome {
+    /// The lock was not acquired (`already_running`): CMD did not run.
+    NotAcquired(Acquire),
+    /// A signal came before CMD started: nothing acquired (or what was
+    /// acquired is released again), nothing run.
+    Interrupted(libc::c_int),
+    /// CMD ran under the lock with this fence.
+    Ran {
+        /// Fencing number of the acquisition.
+        fence: u64,
+        /// How it ended.
+        ran: Ran,
+    },
+}
+
+/// Prepares signal handling; call before any other thread is started.
+pub fn prepare() {
+    signals::block();
+}
+
+/// The clock leases are kept on: never steps, and counts time suspended
+/// (Linux `CLOCK_BOOTTIME`; elsewhere `CLOCK_MONOTONIC`, which on macOS
+/// counts sleep too), as time since an arbitrary origin.
+#[must_use]
+pub fn lease_clock() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write into.
+    if unsafe { libc::clock_gettime(LEASE_CLOCK, &raw mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// The id of [`lease_clock`]'s clock (the keeper reads it too).
+#[cfg(target_os = "linux")]
+const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_BOOTTIME;
+#[cfg(not(target_os = "linux"))]
+const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_MONOTONIC;
+
+/// Finds CMD's program as exec would (a name with a `/` as given, else the
+/// first executable file of that name on PATH), so that a command that
+/// cannot be started is an error before the lock is touched.
+///
+/// # Errors
+/// [`Error::Usage`] when there is no command, or it is not found or not
+/// executable.
+pub fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathBuf> {
+    let Some(program) = cmd.first() else {
+        return Err(Error::Usage("run needs a command after --".into()));
+    };
+    let name = Path::new(program);
+    let found = if program.is_empty() {
+        None
+    } else if program.as_encoded_bytes().contains(&b'/') {
+        executable(name).then(|| name.to_path_buf())
+    } else {
+        let path = path.unwrap_or_else(|| std::ffi::OsStr::new("/usr/bin:/bin"));
+        std::env::split_paths(path)
+            .map(|dir| {
+                if dir.as_os_str().is_empty() {
+                    PathBuf::from(".").join(name)
+                } else {
+                    dir.join(name)
+                }
+            })
+            .find(|candidate| executable(candidate))
+    };
+    found.ok_or_else(|| {
+        Error::Usage(format!(
+            "cannot run {:?}: no executable file of that name{}; check the command name, its permissions and PATH (nothing was locked)",
+            program.to_string_lossy(),
+            if name.components().count() > 1 { "" } else { " on PATH" },
+        ))
+    })
+}
+
+fn executable(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path.
+    meta.is_file() && unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } == 0
+}
+
+#[cfg(target_os = "linux")]
+pub(super) unsafe fn errno() -> *mut libc::c_int {
+    // SAFETY: always valid for the calling thread.
+    unsafe { libc::__errno_location() }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) unsafe fn errno() -> *mut libc::c_int {
+    // SAFETY: always valid for the calling thread.
+    unsafe { libc::__error() }
+}
+
+/// Signals and polls a process group until none of it is left.
+#[derive(Debug, Clone, Copy)]
+struct Group(u32);
+
+impl Group {
+    fn alive(self) -> bool {
+        liveness::group_alive(self.0, None) != Some(false)
+    }
+
+    /// Polls until the group is gone or `limit` passed; true when gone.
+    fn gone_within(self, limit: Duration) -> bool {
+        let until = lease_clock() + limit;
+        loop {
+            if !self.alive() {
+                return true;
+            }
+            if lease_clock() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; returns the last signal sent
+    /// (None when nothing was left to stop).
+    fn stop(self, grace: Duration) -> Option<libc::c_int> {
+        if !self.alive() {
+            return None;
+        }
+        signals::send_group(self.0, libc::SIGTERM);
+        // A stopped member acts on SIGTERM only once continued.
+        signals::send_group(self.0, libc::SIGCONT);
+        if self.gone_within(grace) {
+            return Some(libc::SIGTERM);
+        }
+        signals::send_group(self.0, libc::SIGKILL);
+        if !self.gone_within(Duration::from_secs(5)) {
+            eprintln!(
+                "skill-lock run: process group {} survives SIGKILL (a process in uninterruptible sleep?)",
+                self.0
+            );
+        }
+        Some(libc::SIGKILL)
+    }
+}
+
+/// What the supervisor waits for.
+// A handful per ttl/3: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Event {
+    Signal(libc::c_int),
+    Keeper(Report),
+    Renewal {
+        began: Duration,
+        result: Result<Renew>,
+    },
+}
+
+/// The lease `run` holds.
+struct Lease<'a> {
+    key: &'a LockKey,
+    token: String,
+    fence: u64,
+    ttl: u64,
+    began: Duration,
+}
+
+/// Acquires (waiting as asked, ended by a signal), has the keeper run CMD
+/// (`program`, found by [`resolve`] before anything touched the lock, with
+/// the words `cmd`) as the first process of the tree it owns, supervises
+/// the lease, and releases once no process of that tree is left (SPEC §2.7).
+///
+/// # Errors
+/// Store failures of the acquire; the keeper or CMD failing to start.
+pub fn execute<S: Store + Clone + Send + 'static>(
+    store: &S,
+    key: &LockKey,
+    mut req: AcquireRequest,
+    wait: Option<Duration>,
+    program: &Path,
+    cmd: &[OsString],
+    clock: &crate::engine::Clock,
+) -> Result<Outcome> {
+    let signals = Signals::listen();
+    let mut keeper = Keeper::start(Margins::of(req.ttl).grace, program, cmd)?;
+    req.owner_pgid = Some(keeper.pgid());
+    let ttl = req.ttl;
+    let waited =
+        wait::acquire_interruptible(store, key, &req, wait, clock, &mut |d| signals.next(d));
+    let (token, fence, began) = match waited? {
+        Waited::Interrupted(sig) => return Ok(Outcome::Interrupted(sig)),
+        Waited::Done {
+            outcome: Acquire::Acquired { token, holder, .. },
+            began,
+        } => (token, holder.fence, began),
+        Waited::Done { outcome, .. } => return Ok(Outcome::NotAcquired(outcome)),
+    };
+    let lease = Lease {
+        key,
+        token,
+        fence,
+        ttl,
+        began,
+    };
+    if let Some(sig) = signals.next(Duration::ZERO) {
+        keeper.quit();
+        let _ = engine::release(store, key, Some(&lease.token), false, &Context::here());
+        return Ok(Outcome::Interrupted(sig));
+    }
+    let ran = supervise(store, &lease, keeper, signals)?;
+    Ok(Outcome::Ran { fence, ran })
+}
+
+/// Runs CMD under `lease` until no process of its tree is left, or the
+/// lease is lost and the tree stopped.
+fn supervise<S: Store + Clone + Send + 'static>(
+    store: &S,
+    lease: &Lease,
+    mut keeper: Keeper,
+    signals: Signals,
+) -> Result<Ran> {
+    let ctx = Context::here;
+    let group = Group(keeper.pgid());
+    let mut renewer = Renewer::new(lease.ttl, lease.began);
+    keeper.arm(renewer.stop_at());
+    let terminal = Terminal::ours_in_foreground();
+    keeper.go(&lease.token, lease.fence, terminal.is_some());
+    let (tx, rx) = mpsc::channel();
+    keeper.reports(tx.clone(), Event::Keeper);
+    signals.forward(tx.clone(), Event::Signal);
+    let renew = renewal_worker(store, lease, tx);
+    let (end, renewals) = watch(&rx, &renew, &mut renewer, &mut keeper);
+    drop(renew);
+    let grace = renewer.margins().grace;
+    let (status, lost, settled, stopped_with) = match end {
+        End::Failed(message) => {
+            keeper.reap();
+            drop(terminal);
+            let _ = engine::release(store, lease.key, Some(&lease.token), false, &ctx());
+            return Err(Error::Usage(message));
+        }
+        End::Done(status) => (status, false, true, None),
+        End::Lost(status) => {
+            keeper.stop();
+            let (status, settled) =
+                settle(&rx, &mut keeper, status, grace + Duration::from_secs(5));
+            (status, true, settled, Some(libc::SIGTERM))
+        }
+        End::KeeperGone(status) => {
+            eprintln!(
+                "skill-lock run: the keeper of the command's processes is gone (killed?); stopping what is left of its process group"
+            );
+            (status, status.is_none(), true, None)
+        }
+    };
+    let stopped_with = if settled {
+        keeper.reap();
+        // Where the platform cannot list the tree (or the keeper was
+        // killed), what is left of the keeper's group: usually nothing.
+        group.stop(grace).or(stopped_with)
+    } else {
+        eprintln!(
+            "skill-lock run: processes the command started survive SIGKILL (uninterruptible sleep?); the keeper goes on stopping them and the lock stays held on this machine until they end"
+        );
+        stopped_with
+    };
+    drop(terminal);
+    let released = settled
+        && matches!(
+            engine::release(store, lease.key, Some(&lease.token), false, &ctx()),
+            Ok(engine::Release::Released { .. })
+        );
+    Ok(ran(status, lost, stopped_with, renewals, released))
+}
+
+/// After the keeper was told to stop the tree: waits (at most `limit`) for
+/// it to report that none is left; CMD's status when seen, and whether
+/// the tree is gone (or the keeper is).
+fn settle(
+    rx: &mpsc::Receiver<Event>,
+    keeper: &mut Keeper,
+    mut status: Option<ExitStatus>,
+    limit: Duration,
+) -> (Option<ExitStatus>, bool) {
+    let until = lease_clock() + limit;
+    while let Some(left) = until.checked_sub(lease_clock()) {
+        match rx.recv_timeout(left) {
+            Ok(Event::Keeper(Report::Exited { status: s, .. })) => status = Some(s),
+            Ok(Event::Keeper(Report::Empty | Report::Gone)) => return (status, true),
+            Ok(Event::Signal(sig)) => keeper.signal(sig),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    (status, false)
+}
+
+/// The exit status and signal `run` reports.
+fn ran(
+    status: Option<ExitStatus>,
+    lost: bool,
+    stopped_with: Option<libc::c_int>,
+    renewals: u64,
+    released: bool,
+) -> Ran {
+    let signal = status.and_then(|s| s.signal());
+    let code = status.and_then(|s| s.code());
+    let exit_status = match (lost, code, signal) {
+        (true, _, Some(s)) | (false, None, Some(s)) => 128 + s,
+        (true, _, None) => 128 + stopped_with.unwrap_or(libc::SIGTERM),
+        (false, Some(c), _) => c & 0xff,
+        (false, None, None) => 1,
+    };
+    Ran {
+        exit_status: u8::try_from(exit_status & 0xff).unwrap_or(1),
+        signal: signal.or(if lost { stopped_with } else { None }),
+        lost,
+        renewals,
+        released,
+    }
+}
+
+/// Starts the thread that renews on request (one request, one attempt) and
+/// posts each result with the moment it began.
+fn renewal_worker<S: Store + Clone + Send + 'static>(
+    store: &S,
+    lease: &Lease,
+    events: mpsc::Sender<Event>,
+) -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<()>();
+    let (store, key, token, ttl) = (
+        store.clone(),
+        lease.key.clone(),
+        lease.token.clone(),
+        lease.ttl,
+    );
+    std::thread::spawn(move || {
+        while rx.recv().is_ok() {
+            let began = lease_clock();
+            let result = engine::renew(&store, &key, Some(&token), Some(ttl), &Context::here());
+            if events.send(Event::Renewal { began, result }).is_err() {
+                return;
+            }
+        }
+    });
+    tx
+}
+
+/// Why the watch ended.
+enum End {
+    /// No process of CMD's tree is left; CMD's status.
+    Done(Option<ExitStatus>),
+    /// The lease was lost or ends unconfirmed; CMD's status, when already seen.
+    Lost(Option<ExitStatus>),
+    /// CMD could not be started (the keeper's reason).
+    Failed(String),
+    /// The keeper vanished before the tree was empty; CMD's status, if seen.
+    KeeperGone(Option<ExitStatus>),
+}
+
+/// The supervisor's loop: forwards signals, schedules renewals, and ends
+/// when no process of CMD's tree is left, or the lease is lost or about to
+/// end unconfirmed.
+fn watch(
+    rx: &mpsc::Receiver<Event>,
+    renew: &mpsc::Sender<()>,
+    renewer: &mut Renewer,
+    keeper: &mut Keeper,
+) -> (End, u64) {
+    let mut renewals = 0;
+    let mut exited = None;
+    loop {
+        let now = lease_clock();
+        if now >= renewer.stop_at() {
+            eprintln!(
+                "skill-lock run: no renewal confirmed the lease, which ends in {} ms; stopping the command and everything it started",
+                renewer.confirmed_end().saturating_sub(now).as_millis()
+            );
+            return (End::Lost(exited), renewals);
+        }
+        if renewer.due(now) && renew.send(()).is_ok() {
+            renewer.sent();
+        }
+        match rx.recv_timeout(renewer.sleep(now)) {
+            Ok(Event::Signal(sig)) => keeper.signal(sig),
+            Ok(Event::Keeper(report)) => {
+                if let Report::Exited { status, .. } = &report {
+                    exited = Some(*status);
+                }
+                if matches!(report, Report::Exited { .. } | Report::Empty)
+                    && lease_clock() >= renewer.stop_at()
+                {
+                    // This wrapper was stopped or starved past the stop
+                    // moment, and the keeper stopped the tree in its place.
+                    eprintln!(
+                        "skill-lock run: no renewal confirmed the lease in time; the command and everything it started were stopped"
+                    );
+                    return (End::Lost(exited), renewals);
+                }
+                match report {
+                    Report::Started(_) => {}
+                    Report::Failed(message) => return (End::Failed(message), renewals),
+                    Report::Exited { leftovers, .. } => {
+                        if leftovers {
+                            eprintln!(
+                                "skill-lock run: stopping what the command left running (in its process group or not)"
+                            );
+                        }
+                    }
+                    Report::Empty => return (End::Done(exited), renewals),
+                    Report::Gone => return (End::KeeperGone(exited), renewals),
+                }
+            }
+            Ok(Event::Renewal { began, result }) => match result {
+                Ok(Renew::Renewed { .. }) => {
+                    renewer.confirmed(began);
+                    keeper.arm(renewer.stop_at());
+                    renewals += 1;
+                }
+                Ok(Renew::NotOwner { holder }) => {
+                    eprintln!(
+                        "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
+                        holder.host, holder.owner_pid, holder.fence
+                    );
+                    return (End::Lost(exited), renewals);
+                }
+                Ok(Renew::NotHeld { .. }) => {
+                    eprintln!(
+                        "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
+                    );
+                    return (End::Lost(exited), renewals);
+                }
+                Err(e) => {
+                    let left = renewer.confirmed_end().saturating_sub(lease_clock());
+                    eprintln!(
+                        "skill-lock run: renewal failed ({e}); retrying; the lease ends in {} ms",
+                        left.as_millis()
+                    );
+                    renewer.failed(lease_clock());
+                }
+            },
+            Err(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_finds_programs_and_refuses_what_cannot_start() {
+        let sh = resolve(&["sh".into()], Some(std::ffi::OsStr::new("/usr/bin:/bin"))).unwrap();
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{sh:?}");
+        assert!(resolve(&[], None).is_err());
+        assert!(resolve(&["".into()], None).is_err());
+        assert!(resolve(&["no-such-command-here".into()], None).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+        assert!(
+            resolve(&[plain.clone().into()], None).is_err(),
+            "not executable"
+        );
+        assert!(resolve(&[dir.path().into()], None).is_err(), "a directory");
+    }
+}

@@ -1,0 +1,433 @@
+//! `run` owns everything CMD starts (SPEC §2.7, issue 19): processes that
+//! leave CMD's process group or session (`setsid`, a double or triple fork,
+//! `setpgid` with the standard streams closed) and a SIGKILL of the
+//! wrapper's whole process group. Every test ends the same way: the next
+//! holder acquires, writes twice, and the witness must hold **no** write of
+//! an older fence after the new holder's first one.
+//!
+//! Each scenario runs on the file store and, with `SKILL_LOCK_TEST_ETCD`
+//! set, on etcd (skipped visibly without it).
+#![cfg(target_os = "linux")]
+
+use crate::common;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{BIN, Cmd, TestEnv};
+
+const SKILL: &str = "s";
+const REPO: &str = "o/r";
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Where the lock lives.
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    File,
+    Etcd,
+}
+
+/// The writer every scenario leaves behind: records its pid, then appends
+/// `$SKILL_LOCK_FENCE` to `$W` every 20 ms, ignoring nothing.
+const WRITER: &str = r#"#!/bin/sh
+echo $$ >> "$PIDS"
+while :; do echo "$SKILL_LOCK_FENCE" >> "$W"; sleep 0.02; done
+"#;
+
+/// One scenario's world: a repository, a store, the writer script, the
+/// witness and the file of writer pids (killed on drop, if still theirs).
+struct World {
+    env: TestEnv,
+    repo: PathBuf,
+    store: Option<String>,
+    writer: PathBuf,
+    witness: PathBuf,
+    pids: PathBuf,
+}
+
+impl World {
+    /// None when the store is etcd and no endpoint is configured.
+    fn new(store: Store, test: &str) -> Option<Self> {
+        let env = TestEnv::new();
+        let repo = env.git_repo("r");
+        let store = match store {
+            Store::File => None,
+            Store::Etcd => {
+                let Some(ep) = std::env::var("SKILL_LOCK_TEST_ETCD")
+                    .ok()
+                    .filter(|e| !e.is_empty())
+                else {
+                    assert!(
+                        std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
+                        "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
+                    );
+                    eprintln!("SKIPPED: {test} on etcd needs SKILL_LOCK_TEST_ETCD=host:port");
+                    return None;
+                };
+                let ep = ep.split(',').next().unwrap_or(&ep).to_owned();
+                Some(format!(
+                    "etcd://{ep}/run-tree/{}-{}-{}/",
+                    std::process::id(),
+                    env.root.file_name().unwrap().to_string_lossy(),
+                    SEQ.fetch_add(1, Ordering::SeqCst)
+                ))
+            }
+        };
+        let writer = env.path("writer.sh");
+        std::fs::write(&writer, WRITER).unwrap();
+        std::fs::set_permissions(&writer, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let (witness, pids) = (env.path("W"), env.path("PIDS"));
+        std::fs::write(&witness, "").unwrap();
+        std::fs::write(&pids, "").unwrap();
+        Some(Self {
+            env,
+            repo,
+            store,
+            writer,
+            witness,
+            pids,
+        })
+    }
+
+    /// The binary with `args`, the store, and the writer's environment.
+    fn cmd(&self, args: &[&str]) -> Cmd {
+        let mut cmd = Cmd::new(&self.repo)
+            .args(args)
+            .env("WRITER", &self.writer)
+            .env("W", &self.witness)
+            .env("PIDS", &self.pids);
+        if let Some(store) = &self.store {
+            cmd = cmd.env("SKILL_LOCK_STORE", store);
+        }
+        cmd
+    }
+
+    /// `run --ttl TTL -- sh -c SCRIPT`, with the forwarded signals at their
+    /// defaults, output discarded, and `setsid` first when asked.
+    fn spawn_run(&self, ttl: &str, script: &str, own_session: bool) -> Child {
+        let mut cmd = self
+            .cmd(&[
+                "run", SKILL, "--repo", REPO, "--ttl", ttl, "--", "sh", "-c", script,
+            ])
+            .command();
+        // SAFETY: only async-signal-safe calls (signal, setsid) between
+        // fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                    libc::signal(s, libc::SIG_DFL);
+                }
+                if own_session {
+                    libc::setsid();
+                }
+                Ok(())
+            });
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the binary starts")
+    }
+
+    /// Waits until the writer has written (so it runs, under fence `fence`).
+    #[track_caller]
+    fn until_written(&self) {
+        let start = Instant::now();
+        while std::fs::read_to_string(&self.witness).map_or(true, |w| w.is_empty()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the writer never wrote"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The next holder: acquires (waiting up to 20 s), writes twice 300 ms
+    /// apart and waits 400 ms more, then counts the older fences' writes
+    /// that followed its first one.
+    #[track_caller]
+    fn next_holder_counts_late_writes(&self) -> (u64, usize) {
+        let out = self
+            .cmd(&[
+                "acquire", SKILL, "--repo", REPO, "--wait", "20", "--ttl", "60",
+            ])
+            .run();
+        assert_eq!(
+            (out.code, out.json["result"].as_str()),
+            (0, Some("acquired")),
+            "the next holder never got the lock: {} {}",
+            out.stdout,
+            out.stderr
+        );
+        let fence = out.json["fence"].as_u64().unwrap();
+        for _ in 0..2 {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.witness)
+                .unwrap();
+            writeln!(f, "{fence}").unwrap();
+            thread::sleep(Duration::from_millis(300));
+        }
+        thread::sleep(Duration::from_millis(400));
+        let text = std::fs::read_to_string(&self.witness).unwrap();
+        let fences: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let first = fences.iter().position(|f| *f == fence).unwrap();
+        let late = fences[first..].iter().filter(|f| **f < fence).count();
+        (fence, late)
+    }
+
+    /// Asserts that nothing of the old holder wrote after the new one took
+    /// the lock, and that every writer is gone.
+    #[track_caller]
+    fn assert_no_late_writes(&self, what: &str) {
+        let (fence, late) = self.next_holder_counts_late_writes();
+        assert_eq!(
+            late, 0,
+            "{what}: {late} writes of an older fence after fence {fence} acquired (store {:?})",
+            self.store
+        );
+        for pid in self.writer_pids() {
+            assert!(gone(pid), "{what}: writer {pid} outlived the lock");
+        }
+    }
+
+    fn writer_pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(&self.pids)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // A failing test must not leave its writers behind (checked to be
+        // still theirs: the writer script is in their command line).
+        for pid in self.writer_pids() {
+            let ours = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains(self.writer.to_str().unwrap_or("-")));
+            if ours && !gone(pid) {
+                // SAFETY: kill(2) of a writer this test started, checked above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// Is `pid` gone (no such process, or a zombie)?
+fn gone(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks for existence.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn sigkill_group(pgid: i32) {
+    // SAFETY: kill(2) of a process group this test made.
+    let rc = unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    assert_eq!(
+        rc,
+        0,
+        "kill -KILL -- -{pgid}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+fn wait_bounded(mut child: Child) {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("run did not end within 30 s");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------- scenarios
+
+/// The issue's first case: CMD starts a daemon (`setsid`, in the
+/// background) and exits 0.3 s later; `run` must not release while the
+/// daemon lives, and must stop it first.
+fn daemon_escapes(store: Store) {
+    let Some(w) = World::new(store, "daemon_escapes") else {
+        return;
+    };
+    let run = w.spawn_run("5", r#"setsid "$WRITER" & sleep .3"#, false);
+    w.until_written();
+    wait_bounded(run);
+    w.assert_no_late_writes("a setsid daemon");
+}
+
+#[test]
+fn a_setsid_daemon_is_stopped_before_the_release_on_the_file_store() {
+    daemon_escapes(Store::File);
+}
+
+#[test]
+fn a_setsid_daemon_is_stopped_before_the_release_on_etcd() {
+    daemon_escapes(Store::Etcd);
+}
+
+/// The issue's second case: `setsid skill-lock run --ttl 3 -- writer`, then
+/// `kill -KILL -- -PGID`: the wrapper dies with its group; CMD must not.
+fn group_kill(store: Store) {
+    let Some(w) = World::new(store, "group_kill") else {
+        return;
+    };
+    let run = w.spawn_run("3", r#"exec "$WRITER""#, true);
+    w.until_written();
+    let pgid = i32::try_from(run.id()).unwrap();
+    sigkill_group(pgid);
+    wait_bounded(run);
+    w.assert_no_late_writes("SIGKILL of the wrapper's process group");
+}
+
+#[test]
+fn sigkill_of_the_wrappers_group_stops_cmd_on_the_file_store() {
+    group_kill(Store::File);
+}
+
+#[test]
+fn sigkill_of_the_wrappers_group_stops_cmd_on_etcd() {
+    group_kill(Store::Etcd);
+}
+
+/// A classic daemon: fork, `setsid`, fork, fork; every intermediate parent
+/// exits, so the writer is three forks from CMD, in a session of its own,
+/// re-parented away from all of them. CMD then exits.
+fn triple_fork(store: Store) {
+    let Some(w) = World::new(store, "triple_fork") else {
+        return;
+    };
+    let script = r#"( setsid sh -c '( ( "$WRITER" & ) & )' & ); sleep .3"#;
+    let run = w.spawn_run("5", script, false);
+    w.until_written();
+    wait_bounded(run);
+    w.assert_no_late_writes("a triple-forked daemon");
+}
+
+#[test]
+fn a_triple_forked_daemon_is_stopped_before_the_release_on_the_file_store() {
+    triple_fork(Store::File);
+}
+
+#[test]
+fn a_triple_forked_daemon_is_stopped_before_the_release_on_etcd() {
+    triple_fork(Store::Etcd);
+}
+
+/// CMD itself closes its standard streams and moves to a process group of
+/// its own (nothing ties it to the wrapper but its parent), then writes;
+/// the wrapper is SIGKILLed.
+fn leaves_group(store: Store) {
+    let Some(w) = World::new(store, "leaves_group") else {
+        return;
+    };
+    let script = r#"exec perl -e 'close STDIN; close STDOUT; close STDERR; setpgrp(0, 0) or die; exec $ENV{WRITER} or die'"#;
+    let run = w.spawn_run("3", script, false);
+    w.until_written();
+    let pid = i32::try_from(run.id()).unwrap();
+    // SAFETY: kill(2) of the wrapper this test started (not reaped yet).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    wait_bounded(run);
+    w.assert_no_late_writes("a CMD that closed its stdio and left its group");
+}
+
+#[test]
+fn a_cmd_that_leaves_its_group_and_closes_its_stdio_is_stopped_on_the_file_store() {
+    leaves_group(Store::File);
+}
+
+#[test]
+fn a_cmd_that_leaves_its_group_and_closes_its_stdio_is_stopped_on_etcd() {
+    leaves_group(Store::Etcd);
+}
+
+/// The wrapper is one process of a job (a shell's background job, its
+/// group led by the shell) whose CMD both daemonizes a writer and writes
+/// itself; the whole job's group is SIGKILLed, wrapper and shell together
+/// (where the keeper used to live too).
+fn job_kill(store: Store) {
+    let Some(w) = World::new(store, "job_kill") else {
+        return;
+    };
+    let pidfile = w.env.path("WRAPPER");
+    let line = format!(
+        r#"{BIN} run {SKILL} --repo {REPO} --ttl 3 -- sh -c 'setsid "$WRITER" & exec "$WRITER"' & echo $! > {}; wait"#,
+        pidfile.display()
+    );
+    let mut job = Command::new("sh");
+    job.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["-c", &line])
+        .current_dir(&w.repo)
+        .env("WRITER", &w.writer)
+        .env("W", &w.witness)
+        .env("PIDS", &w.pids)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(store) = &w.store {
+        job.env("SKILL_LOCK_STORE", store);
+    }
+    // SAFETY: only async-signal-safe calls (setsid) between fork and exec.
+    unsafe {
+        job.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let job = job.spawn().unwrap();
+    let start = Instant::now();
+    while w.writer_pids().len() < 2 || !pidfile_written(&pidfile) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the job never started"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    w.until_written();
+    let wrapper: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let pgid = i32::try_from(job.id()).unwrap();
+    // The wrapper and the shell share the group the shell leads.
+    // SAFETY: getpgid(2) of the wrapper this test's job started.
+    assert_eq!(unsafe { libc::getpgid(wrapper) }, pgid);
+    sigkill_group(pgid);
+    wait_bounded(job);
+    w.assert_no_late_writes("SIGKILL of a job holding the wrapper");
+}
+
+fn pidfile_written(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|s| s.ends_with('\n'))
+}
+
+#[test]
+fn sigkill_of_a_job_with_the_wrapper_stops_cmd_and_its_daemon_on_the_file_store() {
+    job_kill(Store::File);
+}
+
+#[test]
+fn sigkill_of_a_job_with_the_wrapper_stops_cmd_and_its_daemon_on_etcd() {
+    job_kill(Store::Etcd);
+}
