@@ -14,26 +14,7 @@ use crate::liveness::{self, Origin};
 use crate::record::{FORMAT, Holder, OwnerRecord, hash_token, new_token};
 use crate::store::{Change, Current, Decision, Store};
 
-/// Where a decision reads the time: the system clocks, or one fixed reading
-/// (a test pins it so that a decision sees exactly the time it was given).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Clock {
-    /// Read the system clocks each time ([`Now::read`]).
-    System,
-    /// Always this reading.
-    Fixed(Now),
-}
-
-impl Clock {
-    /// The time now, by this clock.
-    #[must_use]
-    pub fn now(&self) -> Now {
-        match self {
-            Self::System => Now::read(),
-            Self::Fixed(now) => now.clone(),
-        }
-    }
-}
+pub use crate::clock::Clock;
 
 /// Who is asking: the host and clock every judgement uses.
 #[derive(Debug, Clone)]

@@ -41,6 +41,7 @@
 //! ```
 
 pub mod cli;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod engine;

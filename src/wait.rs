@@ -45,7 +45,7 @@ pub enum Waited {
         /// Acquired, or already running when the time was up.
         outcome: Acquire,
         /// The moment the deciding attempt started, on
-        /// [`crate::run::lease_clock`].
+        /// [`crate::clock::lease_clock`].
         began: Duration,
     },
     /// A signal came first: nothing was acquired.
@@ -95,7 +95,7 @@ pub fn acquire_interruptible(
         if let Some(sig) = pause(Duration::ZERO) {
             return Ok(Waited::Interrupted(sig));
         }
-        let began = crate::run::lease_clock();
+        let began = crate::clock::lease_clock();
         let ctx = Context::with_clock(clock.clone());
         let outcome = engine::acquire(store, key, req, &ctx)?;
         let Acquire::AlreadyRunning { holder, .. } = &outcome else {

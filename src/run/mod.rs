@@ -93,30 +93,7 @@ pub fn prepare() {
     signals::block();
 }
 
-/// The clock leases are kept on: never steps, and counts time suspended
-/// (Linux `CLOCK_BOOTTIME`; elsewhere `CLOCK_MONOTONIC`, which on macOS
-/// counts sleep too), as time since an arbitrary origin.
-#[must_use]
-pub fn lease_clock() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write into.
-    if unsafe { libc::clock_gettime(LEASE_CLOCK, &raw mut ts) } != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
-}
-
-/// The id of [`lease_clock`]'s clock (the keeper reads it too).
-#[cfg(target_os = "linux")]
-const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_BOOTTIME;
-#[cfg(not(target_os = "linux"))]
-const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_MONOTONIC;
+pub use crate::clock::lease_clock;
 
 /// Finds CMD's program as exec would (a name with a `/` as given, else the
 /// first executable file of that name on PATH), so that a command that

@@ -1,0 +1,58 @@
+//! The clocks (SPEC §6, §7 "Time safety", §2.7): where every judgement and
+//! every wait reads the time.
+//!
+//! - [`Clock`]: where a decision reads the wall clock and the boot clock
+//!   ([`Now`]): the system, or one fixed reading a test pins;
+//! - [`lease_clock`]: the clock `run` keeps the lease it last confirmed on,
+//!   and every bounded wait measures with: it never steps and counts time
+//!   suspended, so a wall-clock jump can neither shorten nor stretch a wait.
+
+use std::time::Duration;
+
+use crate::lease::Now;
+
+/// Where a decision reads the time: the system clocks, or one fixed reading
+/// (a test pins it so that a decision sees exactly the time it was given).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Clock {
+    /// Read the system clocks each time ([`Now::read`]).
+    System,
+    /// Always this reading.
+    Fixed(Now),
+}
+
+impl Clock {
+    /// The time now, by this clock.
+    #[must_use]
+    pub fn now(&self) -> Now {
+        match self {
+            Self::System => Now::read(),
+            Self::Fixed(now) => now.clone(),
+        }
+    }
+}
+
+/// The clock leases are kept on: never steps, and counts time suspended
+/// (Linux `CLOCK_BOOTTIME`; elsewhere `CLOCK_MONOTONIC`, which on macOS
+/// counts sleep too), as time since an arbitrary origin.
+#[must_use]
+pub fn lease_clock() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write into.
+    if unsafe { libc::clock_gettime(LEASE_CLOCK, &raw mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// The id of `lease_clock`'s clock (the keeper reads it too).
+#[cfg(target_os = "linux")]
+const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_BOOTTIME;
+#[cfg(not(target_os = "linux"))]
+const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_MONOTONIC;
