@@ -1,0 +1,360 @@
+//! Settings of a git store (SPEC §8): the URL, the remote it names, and
+//! the checks every remote passes wherever it came from (no option, no
+//! command-running transport, no credential shown).
+
+#![allow(clippy::wildcard_imports)]
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::error::{Error, Result};
+
+/// Settings of a git store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitConfig {
+    /// The URL as given (`git:origin#team`), for `list` and hints.
+    pub url: String,
+    /// What `git push`/`ls-remote`/`fetch` are given (a remote name resolved
+    /// to its URL, a relative path made absolute).
+    pub remote: String,
+    /// Optional namespace under `refs/skill-lock/`.
+    pub namespace: Option<String>,
+    /// Deadline of one command's git work (`SKILL_LOCK_GIT_TIMEOUT`, seconds).
+    pub timeout: Duration,
+    /// Clock-skew allowance, seconds (`SKILL_LOCK_CLOCK_SKEW`).
+    pub clock_skew: u64,
+    /// The private bare repository objects are made in and fetched into.
+    pub cache: PathBuf,
+    /// Commits in a lock's chain before a new root (`SKILL_LOCK_GIT_HISTORY_DEPTH`).
+    pub history_depth: u64,
+    /// Entries the user's own `GIT_CONFIG_COUNT` already sets (ours follow them).
+    pub config_count: usize,
+}
+
+/// The name git is given for the remote; its URL is passed in the environment.
+pub const REMOTE_NAME: &str = "skill-lock-store";
+
+/// Refuses a remote git could read as an option, or whose transport runs a
+/// command (`ext::`, `fd::`), wherever it came from (SPEC §8).
+///
+/// # Errors
+/// [`Error::Usage`].
+pub fn validate_remote(remote: &str, url: &str) -> Result<()> {
+    let shown = redact(url);
+    if remote.starts_with('-') {
+        return Err(Error::Usage(format!(
+            "store {shown:?}: the remote {:?} starts with '-', which git would read as an option; name a remote, a URL or a path",
+            redact(remote)
+        )));
+    }
+    let transport = remote.split_once("::").map(|(t, _)| t.to_ascii_lowercase());
+    if matches!(transport.as_deref(), Some("ext" | "fd")) {
+        return Err(Error::Usage(format!(
+            "store {shown:?}: the {}:: transport runs commands or uses file descriptors; use an ssh, https, git or file URL",
+            transport.unwrap_or_default()
+        )));
+    }
+    if remote.chars().any(char::is_control) {
+        return Err(Error::Usage(format!(
+            "store {shown:?}: the remote holds control characters"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+/// Is `s` a local path rather than a URL or an scp-like `host:path`?
+pub(super) fn is_local_path(s: &str) -> bool {
+    if s.contains("://") {
+        return false;
+    }
+    match (s.find(':'), s.find('/')) {
+        (None, _) => true,
+        (Some(c), Some(sl)) => sl < c,
+        (Some(_), None) => false,
+    }
+}
+
+/// Hides the secrets of URLs in `text`: a password (`user:secret@`) and,
+/// but for ssh, whose user name is no secret (`ssh://git@host`), the whole
+/// user part (`https://TOKEN@host`).
+#[must_use]
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let scheme = head[..i]
+            .rsplit(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let end = tail
+            .find(|c: char| c == '/' || c.is_whitespace() || c == '\'' || c == '"')
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                let user = &authority[..at];
+                let ssh = matches!(scheme.as_str(), "ssh" | "git+ssh" | "ssh+git");
+                match user.split_once(':') {
+                    Some((name, _)) if ssh => {
+                        out.push_str(name);
+                        out.push_str(":***");
+                    }
+                    None if ssh => out.push_str(user),
+                    _ => out.push_str("***"),
+                }
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Does `url` carry a secret that [`redact`] hides?
+#[must_use]
+pub fn has_secret(url: &str) -> bool {
+    redact(url) != url
+}
+
+pub(super) fn validate_namespace(ns: &str, url: &str) -> Result<()> {
+    let ok = ns.split('/').all(|seg| {
+        !seg.is_empty()
+            && seg.len() <= 64
+            && !seg.starts_with('.')
+            && !seg.to_ascii_lowercase().ends_with(".lock")
+            && !seg.contains("..")
+            && seg
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "store {:?}: the namespace after '#' is 1-64 of [A-Za-z0-9._-] per '/'-separated part, e.g. git:origin#team",
+            redact(url)
+        )))
+    }
+}
+
+pub(super) fn parse_seconds(var: &str, max: f64) -> Result<Option<f64>> {
+    match env(var) {
+        None => Ok(None),
+        Some(t) => t
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0 && *s <= max)
+            .map(Some)
+            .ok_or_else(|| Error::Usage(format!("{var}={t:?}: give seconds, 0 to {max}"))),
+    }
+}
+
+/// The cache repository: `SKILL_LOCK_GIT_CACHE`, else the user's cache
+/// directory, else a private directory under the temporary directory.
+pub(super) fn cache_dir() -> PathBuf {
+    if let Some(d) = env("SKILL_LOCK_GIT_CACHE") {
+        let d = PathBuf::from(d);
+        return match std::env::current_dir() {
+            Ok(cwd) if d.is_relative() => cwd.join(d),
+            _ => d,
+        };
+    }
+    if let Some(d) = env("XDG_CACHE_HOME") {
+        return Path::new(&d).join("skill-lock").join("git");
+    }
+    if let Some(h) = env("HOME") {
+        return Path::new(&h).join(".cache").join("skill-lock").join("git");
+    }
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir()
+        .join(format!("skill-lock-{uid}"))
+        .join("git")
+}
+
+impl GitConfig {
+    /// Parses `git:REMOTE[#NAMESPACE]`. A REMOTE that is the name of a remote
+    /// of the checkout at `cwd` is resolved to its push URL (else its URL)
+    /// with `git config`; a local path is made absolute. Timeout, skew and
+    /// cache come from the environment.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a malformed URL, namespace or setting, or a name
+    /// that is neither a remote of the checkout nor a URL or path.
+    pub fn parse(url: &str, cwd: &Path) -> Result<Self> {
+        let Some(rest) = url.strip_prefix("git:") else {
+            return Err(Error::Usage(format!("{url:?} is not a git: store URL")));
+        };
+        let (remote, namespace) = match rest.rsplit_once('#') {
+            Some((r, ns)) => {
+                validate_namespace(ns, url)?;
+                (r, Some(ns.to_owned()))
+            }
+            None => (rest, None),
+        };
+        if remote.is_empty() {
+            return Err(Error::Usage(format!(
+                "store {url:?}: name a remote, e.g. git:origin or git:file:///srv/coord.git"
+            )));
+        }
+        let timeout = parse_seconds("SKILL_LOCK_GIT_TIMEOUT", 600.0)?
+            .filter(|s| *s > 0.0)
+            .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64);
+        let clock_skew = parse_seconds("SKILL_LOCK_CLOCK_SKEW", 120.0)?.map_or(
+            DEFAULT_CLOCK_SKEW,
+            // Whole seconds, rounded up: rounding favours the holder.
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "parse_seconds bounds it to 0..=120"
+            )]
+            |s| s.ceil() as u64,
+        );
+        let history_depth = match env("SKILL_LOCK_GIT_HISTORY_DEPTH") {
+            None => ROLL_DEPTH,
+            Some(t) => t
+                .parse::<u64>()
+                .ok()
+                .filter(|d| (2..=1_000_000).contains(d))
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "SKILL_LOCK_GIT_HISTORY_DEPTH={t:?}: give a whole number of commits, 2 to 1000000"
+                    ))
+                })?,
+        };
+        validate_remote(remote, url)?;
+        let remote = resolve_remote(remote, cwd, url)?;
+        // What the checkout's configuration resolved it to is checked again.
+        validate_remote(&remote, url)?;
+        let config_count = env("GIT_CONFIG_COUNT")
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+        Ok(Self {
+            config_count,
+            history_depth,
+            url: url.to_owned(),
+            remote,
+            namespace,
+            timeout,
+            clock_skew: clock_skew.min(MAX_CLOCK_SKEW),
+            cache: cache_dir(),
+        })
+    }
+}
+
+pub(super) fn resolve_remote(remote: &str, cwd: &Path, url: &str) -> Result<String> {
+    // Remote names may hold '/', never ':'; a path starting with '.' or '/' is a path.
+    let looks_like_name = !remote.contains([':', '\\']) && !remote.starts_with(['.', '/', '~']);
+    if looks_like_name {
+        // `git remote get-url --push`: the push URL, else the URL, rewritten
+        // by the user's insteadOf rules; an error when there is no such remote.
+        let mut cmd = git_command();
+        cmd.current_dir(cwd)
+            .args(["remote", "get-url", "--push", "--", remote]);
+        if let Ok(Some(out)) = run(&mut cmd, None, Instant::now() + Duration::from_secs(5))
+            && out.ok()
+        {
+            let v = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if !v.is_empty() {
+                // The checkout's configuration is checked as if typed.
+                validate_remote(&v, url)?;
+                if is_local_path(&v) && Path::new(&v).is_relative() {
+                    // Relative to the checkout's top, as git reads it.
+                    let top = toplevel(cwd).unwrap_or_else(|| cwd.to_path_buf());
+                    return Ok(absolute_if_local(&v, &top));
+                }
+                return Ok(v);
+            }
+        }
+        if !cwd.join(remote).exists() {
+            return Err(Error::Usage(format!(
+                "store {url:?}: {remote:?} is not a remote of the checkout at {} (see `git remote -v`), nor a URL or path; use git:URL, e.g. git:file:///srv/coord.git",
+                cwd.display()
+            )));
+        }
+    }
+    Ok(absolute_if_local(remote, cwd))
+}
+
+pub(super) fn toplevel(cwd: &Path) -> Option<PathBuf> {
+    let mut cmd = git_command();
+    cmd.current_dir(cwd).args(["rev-parse", "--show-toplevel"]);
+    let out = run(&mut cmd, None, Instant::now() + Duration::from_secs(5))
+        .ok()
+        .flatten()?;
+    (out.code == Some(0))
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        .filter(|p| p.is_absolute())
+}
+
+pub(super) fn absolute_if_local(remote: &str, base: &Path) -> String {
+    if is_local_path(remote) && !Path::new(remote).is_absolute() {
+        base.join(remote).to_string_lossy().into_owned()
+    } else {
+        remote.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_namespaces() {
+        let cwd = Path::new("/nonexistent-skill-lock-test");
+        let c = GitConfig::parse("git:file:///srv/coord.git#team/a", cwd).unwrap();
+        assert_eq!(c.remote, "file:///srv/coord.git");
+        assert_eq!(c.namespace.as_deref(), Some("team/a"));
+        let c = GitConfig::parse("git:git@github.com:org/coord.git", cwd).unwrap();
+        assert_eq!(
+            (c.remote.as_str(), c.namespace),
+            ("git@github.com:org/coord.git", None)
+        );
+        let c = GitConfig::parse("git:../coord.git", Path::new("/w/x")).unwrap();
+        assert_eq!(c.remote, "/w/x/../coord.git");
+        for bad in [
+            "git:",
+            "git:#team",
+            "git:/x#",
+            "git:/x#a@b",
+            "git:/x#a/../b",
+            "git:/x#.a",
+            "git:nosuchremote",
+        ] {
+            assert!(GitConfig::parse(bad, cwd).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redacts_user_info() {
+        assert_eq!(
+            redact("fatal: https://u:s3cret@example.com/r.git and ssh://git@h/x"),
+            "fatal: https://***@example.com/r.git and ssh://git@h/x"
+        );
+        assert_eq!(
+            redact("git:https://ghp_TOKEN@github.com/o/r ssh://me:pw@h/x"),
+            "git:https://***@github.com/o/r ssh://me:***@h/x"
+        );
+        assert!(has_secret("git:https://u:p@h/r") && !has_secret("git:ssh://git@h/r"));
+        assert_eq!(redact("no url here"), "no url here");
+    }
+
+    #[test]
+    fn local_paths() {
+        assert!(is_local_path("/srv/x.git"));
+        assert!(is_local_path("../x"));
+        assert!(is_local_path("./a:b"));
+        assert!(!is_local_path("host:x"));
+        assert!(!is_local_path("git@h:o/r.git"));
+        assert!(!is_local_path("file:///x"));
+    }
+}

@@ -1,0 +1,329 @@
+//! The git store's talk with the remote: the cache repository it works in,
+//! `ls-remote`, `fetch` and the compare-and-swap `push`.
+
+#![allow(clippy::wildcard_imports)]
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::error::{Error, Result};
+use crate::record::random_suffix;
+
+/// Is `s` an object id (SHA-1 or SHA-256, lowercase hex)?
+pub(super) fn is_oid(s: &str) -> bool {
+    matches!(s.len(), 40 | 64)
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// How a push ended.
+pub(super) enum Pushed {
+    /// The ref now points at our commit.
+    Done,
+    /// The ref was not what we read: read again and decide again.
+    Lost,
+    /// The remote refused for another reason.
+    Refused(String),
+    /// Unknown: settle by reading back.
+    Unknown(String),
+}
+
+impl GitStore {
+    pub(super) fn unavailable(&self, what: &str) -> Error {
+        Error::StoreUnavailable(redact(&format!(
+            "git remote {} ({}): {what}; check that it is reachable and that git can push to it without a prompt (ssh agent, credential helper), or raise SKILL_LOCK_GIT_TIMEOUT (now {} s)",
+            self.config.url,
+            self.config.remote,
+            self.config.timeout.as_secs_f64()
+        )))
+    }
+
+    pub(super) fn cache_error(&self, what: &str) -> Error {
+        Error::Io {
+            action: "use the git cache repository",
+            path: self.config.cache.clone(),
+            source: std::io::Error::other(redact(what)),
+        }
+    }
+
+    /// A git command in the cache repository (created on first use), with
+    /// the remote as [`REMOTE_NAME`]: its URL reaches git through the
+    /// environment (`GIT_CONFIG_COUNT`), never through the arguments, so
+    /// credentials in it never show in a process list.
+    pub(super) fn in_cache(&self) -> Result<Command> {
+        self.ensure_cache()?;
+        let mut cmd = git_command();
+        cmd.arg("--git-dir").arg(&self.config.cache);
+        let n = self.config.config_count;
+        cmd.env("GIT_CONFIG_COUNT", (n + 1).to_string())
+            .env(
+                format!("GIT_CONFIG_KEY_{n}"),
+                format!("remote.{REMOTE_NAME}.url"),
+            )
+            .env(format!("GIT_CONFIG_VALUE_{n}"), &self.config.remote);
+        cmd.current_dir(self.config.cache.parent().unwrap_or(Path::new("/")));
+        if *self.batch_ssh.get_or_init(|| self.needs_batch_ssh()) {
+            cmd.env("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
+        }
+        Ok(cmd)
+    }
+
+    /// ssh without a user-chosen command gets BatchMode (never a password prompt).
+    pub(super) fn needs_batch_ssh(&self) -> bool {
+        let r = &self.config.remote;
+        let ssh = r.starts_with("ssh://")
+            || r.starts_with("git+ssh://")
+            || !is_local_path(r) && !r.contains("://");
+        ssh && std::env::var_os("GIT_SSH_COMMAND").is_none()
+            && std::env::var_os("GIT_SSH").is_none()
+            && !self.user_ssh_command()
+    }
+
+    pub(super) fn user_ssh_command(&self) -> bool {
+        let mut cmd = git_command();
+        cmd.arg("--git-dir")
+            .arg(&self.config.cache)
+            .args(["config", "--get", "core.sshCommand"]);
+        matches!(run(&mut cmd, None, Instant::now() + Duration::from_secs(5)), Ok(Some(o)) if o.ok())
+    }
+
+    pub(super) fn ensure_cache(&self) -> Result<()> {
+        let dir = &self.config.cache;
+        if dir.join("HEAD").is_file() {
+            return Ok(());
+        }
+        let parent = dir.parent().unwrap_or(Path::new("/"));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode_0700()
+            .create(parent)
+            .map_err(|e| Error::io("create", parent, e))?;
+        // Under a shared temporary directory, only a directory of our own will do.
+        if parent.starts_with(std::env::temp_dir()) {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let meta = std::fs::metadata(parent).map_err(|e| Error::io("inspect", parent, e))?;
+            if meta.uid() != uid || meta.mode() & 0o022 != 0 {
+                return Err(self.cache_error(&format!(
+                    "{} belongs to someone else or is writable by others; set SKILL_LOCK_GIT_CACHE to a directory of your own",
+                    parent.display()
+                )));
+            }
+        }
+        let tmp = parent.join(format!(".git-init-{}", random_suffix()));
+        let mut cmd = git_command();
+        cmd.args(["init", "--bare", "-q", "--"]).arg(&tmp);
+        let ok = matches!(run(&mut cmd, None, Instant::now() + Duration::from_secs(10)), Ok(Some(o)) if o.ok());
+        if !ok {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(self.cache_error("git init --bare failed; is git installed?"));
+        }
+        for (k, v) in [
+            ("gc.auto", "0"),
+            ("maintenance.auto", "false"),
+            ("core.logAllRefUpdates", "false"),
+        ] {
+            let mut c = git_command();
+            c.arg("--git-dir").arg(&tmp).args(["config", k, v]);
+            let _ = run(&mut c, None, Instant::now() + Duration::from_secs(5));
+        }
+        // Another process may have made it first: theirs wins, ours goes.
+        if let Err(e) = std::fs::rename(&tmp, dir) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if !dir.join("HEAD").is_file() {
+                return Err(Error::io("create", dir, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a local git command in the cache.
+    pub(super) fn local(&self, args: &[&str], input: Option<&[u8]>) -> Result<Output> {
+        let mut cmd = self.in_cache()?;
+        cmd.args(args);
+        match run(&mut cmd, input, Instant::now() + Duration::from_secs(30)) {
+            Ok(Some(o)) => Ok(o),
+            Ok(None) => Err(self.cache_error(&format!("git {} did not finish in 30 s", args[0]))),
+            Err(e) => Err(self.cache_error(&format!("cannot run git: {e}"))),
+        }
+    }
+
+    /// Runs a network git command, killed at `deadline`.
+    pub(super) fn remote_cmd(&self, args: &[&str], deadline: Instant) -> Result<Option<Output>> {
+        let mut cmd = self.in_cache()?;
+        cmd.args(args);
+        run(&mut cmd, None, deadline).map_err(|e| self.cache_error(&format!("cannot run git: {e}")))
+    }
+
+    /// `git ls-remote` of `patterns`: ref -> oid, for refs starting with `prefix`.
+    pub(super) fn ls_remote(
+        &self,
+        patterns: &[String],
+        prefix: &str,
+        deadline: Instant,
+    ) -> Result<HashMap<String, String>> {
+        let mut args = vec!["ls-remote", "--refs", "--", REMOTE_NAME];
+        args.extend(patterns.iter().map(String::as_str));
+        let mut pause = Duration::from_millis(20);
+        let out = loop {
+            let Some(out) = self.remote_cmd(&args, deadline)? else {
+                return Err(self.unavailable("no answer in time"));
+            };
+            if out.ok() {
+                break out;
+            }
+            // A busy server drops connections (git daemon serves 32 at once):
+            // try again within the deadline; any other failure is final.
+            let why = out.stderr.trim().to_owned();
+            let wait = jitter(pause);
+            if !transient(&why) || Instant::now() + wait >= deadline {
+                return Err(self.unavailable(&format!("git ls-remote failed: {why}")));
+            }
+            std::thread::sleep(wait);
+            pause = (pause * 2).min(Duration::from_millis(500));
+        };
+        let mut refs = HashMap::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // Only an object id is ever passed on to git: whatever else a
+            // remote might send is never read as an argument.
+            if let Some((oid, name)) = line.split_once('\t')
+                && name.starts_with(prefix)
+                && is_oid(oid)
+            {
+                refs.insert(name.to_owned(), oid.to_owned());
+            }
+        }
+        Ok(refs)
+    }
+
+    /// Fetches `refs` into the cache. `Some(why)`: git failed (the caller
+    /// checks whether the objects it needs arrived anyway: concurrent fetches
+    /// may only fail to update the cache ref).
+    pub(super) fn fetch(
+        &self,
+        wanted: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<Option<String>> {
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        let specs: Vec<String> = wanted
+            .iter()
+            .map(|(r, _)| format!("+{r}:{}", self.cache_ref(r)))
+            .collect();
+        let mut args = vec![
+            "fetch",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "-q",
+            "--",
+            REMOTE_NAME,
+        ];
+        args.extend(specs.iter().map(String::as_str));
+        match self.remote_cmd(&args, deadline)? {
+            None => Err(self.unavailable("no answer in time")),
+            Some(out) if out.ok() => Ok(None),
+            Some(out) => Ok(Some(out.stderr.trim().to_owned())),
+        }
+    }
+
+    /// Pushes `commit` to `r` if the ref is still `expect` (None: absent),
+    /// and the old chain to the archive ref after a roll-over.
+    pub(super) fn push(
+        &self,
+        r: &str,
+        expect: Option<&str>,
+        commit: &str,
+        archive: Option<(&str, &str)>,
+        deadline: Instant,
+    ) -> Result<Pushed> {
+        let lease = format!("--force-with-lease={r}:{}", expect.unwrap_or(""));
+        let main = format!("{commit}:{r}");
+        let mut args = vec![
+            "push",
+            "--porcelain",
+            "--no-verify",
+            "--no-recurse-submodules",
+            lease.as_str(),
+        ];
+        let extra;
+        if let Some((old, aref)) = archive {
+            args.push("--atomic");
+            extra = format!("+{old}:{aref}");
+            args.extend(["--", REMOTE_NAME, main.as_str(), extra.as_str()]);
+        } else {
+            args.extend(["--", REMOTE_NAME, main.as_str()]);
+        }
+        let Some(out) = self.remote_cmd(&args, deadline)? else {
+            return Ok(Pushed::Unknown("the push did not finish in time".into()));
+        };
+        if let Some((old, aref)) = archive
+            && out.stderr.contains("support --atomic")
+        {
+            // A server without atomic pushes (nothing was sent): the lock
+            // first, then the archive, which only history reads, at best effort.
+            let pushed = self.push(r, expect, commit, None, deadline)?;
+            if matches!(pushed, Pushed::Done) {
+                let spec = format!("+{old}:{aref}");
+                let _ = self.remote_cmd(
+                    &["push", "--quiet", "--no-verify", "--", REMOTE_NAME, &spec],
+                    deadline,
+                );
+            }
+            return Ok(pushed);
+        }
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut ours = None;
+        let mut reasons = Vec::new();
+        for line in text.lines() {
+            let mut parts = line.splitn(3, '\t');
+            let (Some(flag), Some(spec), Some(summary)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            if flag == "!" {
+                reasons.push(summary.to_owned());
+            }
+            if spec.rsplit_once(':').is_some_and(|(_, to)| to == r) {
+                ours = Some((flag.to_owned(), summary.to_owned()));
+            }
+        }
+        let contention = |s: &str| {
+            [
+                "stale info",
+                "fetch first",
+                "non-fast-forward",
+                "failed to update ref",
+                "cannot lock ref",
+                "failed to lock",
+                "incorrect old value",
+                "reference already exists",
+                "atomic",
+                "already exists",
+            ]
+            .iter()
+            .any(|m| s.contains(m))
+        };
+        Ok(match ours {
+            Some((flag, _)) if out.ok() && matches!(flag.as_str(), " " | "+" | "*") => Pushed::Done,
+            Some((flag, _)) if flag == "!" => {
+                if let Some(bad) = reasons.iter().find(|s| !contention(s)) {
+                    Pushed::Refused(bad.clone())
+                } else {
+                    Pushed::Lost
+                }
+            }
+            _ => Pushed::Unknown(format!(
+                "git push ended with status {:?}: {}",
+                out.code,
+                out.stderr.trim()
+            )),
+        })
+    }
+}
