@@ -21,6 +21,7 @@ pub(super) fn origin() -> Origin {
     let pid_ns = ns_inode("pid");
     Origin {
         machine: certain_machine(pid_ns),
+        pid_ns_start: pid_ns_start(),
         boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .ok()
             .map(|id| id.trim().to_owned())
@@ -28,6 +29,21 @@ pub(super) fn origin() -> Origin {
         pid_ns,
         time_ns: ns_inode("time"),
     }
+}
+
+/// The initial pid namespace is never freed, so its inode alone names it.
+pub(super) fn initial_pid_ns(pid_ns: Option<u64>) -> bool {
+    pid_ns == Some(INIT_PID_NS)
+}
+
+/// Start time of this pid namespace's init, read from `/proc/1/stat` only
+/// when `/proc` is this namespace's own (`NSpid` then lists one pid: a
+/// `/proc` of an ancestor namespace lists one per level, and its pid 1 is
+/// the ancestor's init).
+fn pid_ns_start() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    (nspid.split_whitespace().count() == 1).then(|| process_start(1))?
 }
 
 fn machine_id_at(path: &str) -> Option<String> {

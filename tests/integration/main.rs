@@ -30,6 +30,7 @@ mod git_store;
 mod history;
 mod interleavings;
 mod races;
+mod sandbox_pidns;
 mod stress;
 mod verbs;
 mod wait_run;
