@@ -270,6 +270,7 @@ pub fn acquire<S: Store>(
                 deadline_boot_ms: term.deadline_boot_ms,
                 machine: Origin::here().machine.clone(),
                 pid_ns: Origin::here().pid_ns,
+                pid_ns_start: Origin::here().pid_ns_start,
                 time_ns: ctx.now.boot.as_ref().and_then(|b| b.time_ns),
                 owner_pgid: req.owner_pgid,
                 group_start,

@@ -109,6 +109,12 @@ pub struct Holder {
     /// is judged only in the same namespace.
     #[serde(default)]
     pub pid_ns: Option<u64>,
+    /// Start time of that namespace's init (its pid 1, clock ticks since
+    /// boot): with `pid_ns` it names one namespace, since the inode number
+    /// of a namespace that ended is handed to the next one created (every
+    /// sandboxed shell call gets its own). Absent in older records.
+    #[serde(default)]
+    pub pid_ns_start: Option<u64>,
     /// The acquirer's time namespace (inode of `/proc/self/ns/time`): its
     /// boot-clock deadline is trusted only on the same clock.
     #[serde(default)]
@@ -221,6 +227,7 @@ impl OwnerRecord {
             deadline_boot_ms: None,
             machine: None,
             pid_ns: None,
+            pid_ns_start: None,
             time_ns: None,
             owner_pgid: None,
             group_start: None,
@@ -328,6 +335,7 @@ pub(crate) mod tests {
                 deadline_boot_ms: Some(5),
                 machine: Some("m".into()),
                 pid_ns: Some(4_026_531_836),
+                pid_ns_start: Some(1),
                 time_ns: Some(4_026_531_834),
                 owner_pgid: None,
                 group_start: None,

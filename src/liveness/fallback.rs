@@ -9,6 +9,11 @@ pub(super) fn origin() -> Origin {
     Origin::default()
 }
 
+/// No pid namespaces here.
+pub(super) fn initial_pid_ns(_pid_ns: Option<u64>) -> bool {
+    false
+}
+
 pub(super) fn boot_ms() -> Option<u64> {
     None
 }

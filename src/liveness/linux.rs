@@ -21,6 +21,7 @@ pub(super) fn origin() -> Origin {
     let pid_ns = ns_inode("pid");
     Origin {
         machine: certain_machine(pid_ns),
+        pid_ns_start: pid_ns_start(),
         boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .ok()
             .map(|id| id.trim().to_owned())
@@ -28,6 +29,33 @@ pub(super) fn origin() -> Origin {
         pid_ns,
         time_ns: ns_inode("time"),
     }
+}
+
+/// The initial pid namespace is never freed, so its inode alone names it.
+pub(super) fn initial_pid_ns(pid_ns: Option<u64>) -> bool {
+    pid_ns == Some(INIT_PID_NS)
+}
+
+/// Is `/proc` this pid namespace's own? Its `/proc/self/status` then lists
+/// one pid in `NSpid`; a `/proc` mounted for an ancestor namespace (what the
+/// agent's sandbox runs its commands under: a nested namespace below
+/// bubblewrap's) lists one per level, and its `/proc/<pid>` entries are the
+/// ancestor's numbering, naming other processes than our pids do.
+fn proc_is_ours() -> bool {
+    static OURS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OURS.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .is_some_and(|pids| pids.split_whitespace().count() == 1)
+        })
+    })
+}
+
+/// Start time of this pid namespace's init (its pid 1), when `/proc` is ours.
+fn pid_ns_start() -> Option<u64> {
+    process_start(1)
 }
 
 fn machine_id_at(path: &str) -> Option<String> {
@@ -74,8 +102,12 @@ pub(super) fn boot_ms() -> Option<u64> {
         .checked_add(u64::try_from(ts.tv_nsec).ok()? / 1_000_000)
 }
 
-/// Field 22 of `/proc/<pid>/stat`: start time in clock ticks after boot.
+/// Field 22 of `/proc/<pid>/stat`: start time in clock ticks after boot
+/// (`None` when `/proc` is another namespace's, whose `<pid>` is another process).
 pub(super) fn process_start(pid: u32) -> Option<u64> {
+    if !proc_is_ours() {
+        return None;
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and ')': skip past the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -84,8 +116,12 @@ pub(super) fn process_start(pid: u32) -> Option<u64> {
 
 /// Scans `/proc` for a member of group `pgid` that is not a zombie.
 /// `Some(false)`: members seen, all zombies; `None`: no member visible
-/// (`/proc` mounted with `hidepid`, say), so the caller decides by `kill`.
+/// (`/proc` mounted with `hidepid`, say, or another namespace's `/proc`),
+/// so the caller decides by `kill`.
 pub(super) fn group_has_running_member(pgid: u32) -> Option<bool> {
+    if !proc_is_ours() {
+        return None;
+    }
     let mut zombies = false;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name();

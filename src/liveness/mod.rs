@@ -35,6 +35,11 @@ pub struct Origin {
     pub boot_id: Option<String>,
     /// The pid namespace (Linux: inode of `/proc/self/ns/pid`).
     pub pid_ns: Option<u64>,
+    /// Start time of the pid namespace's init (Linux: `/proc/1/stat`, read
+    /// only when `/proc` is this namespace's own). An inode number is reused
+    /// once its namespace ended, so outside the initial namespace the inode
+    /// alone does not name one: with this it does.
+    pub pid_ns_start: Option<u64>,
     /// The time namespace (Linux: inode of `/proc/self/ns/time`).
     pub time_ns: Option<u64>,
 }
@@ -183,11 +188,17 @@ fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
 }
 
 /// True when a pid recorded in `holder` means the same process here: same
-/// boot and same pid namespace, both known.
+/// boot and same pid namespace, both known. Outside the initial namespace
+/// (which lives as long as the boot) the same inode number is not enough:
+/// a sandbox creates a namespace per call and the kernel hands a freed
+/// inode number to the next, so the namespace's init start time must match
+/// too.
 #[must_use]
 pub fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
     same(holder.boot_id.as_ref(), here.boot_id.as_ref())
         && same(holder.pid_ns.as_ref(), here.pid_ns.as_ref())
+        && (os::initial_pid_ns(here.pid_ns)
+            || same(holder.pid_ns_start.as_ref(), here.pid_ns_start.as_ref()))
 }
 
 /// True when `holder` was certainly written on this machine before its
@@ -241,6 +252,7 @@ mod tests {
         h.machine.clone_from(&here.machine);
         h.boot_id.clone_from(&here.boot_id);
         h.pid_ns = here.pid_ns;
+        h.pid_ns_start = here.pid_ns_start;
         h.time_ns = here.time_ns;
         h.owner_pid = Some(pid);
         h.owner_start = process_start(pid);
@@ -268,6 +280,26 @@ mod tests {
         let mut other_ns = dead.clone();
         other_ns.pid_ns = other_ns.pid_ns.map(|n| n + 1);
         assert!(!owner_gone(&other_ns, &here));
+        // A namespace other than the initial one whose inode number was
+        // handed on (its first owner ended): another init start, another
+        // namespace, whatever the number says.
+        let sandboxed = Origin {
+            pid_ns: Some(4_026_532_175),
+            pid_ns_start: Some(1000),
+            ..here.clone()
+        };
+        let mut earlier_call = dead.clone();
+        earlier_call.pid_ns = sandboxed.pid_ns;
+        earlier_call.pid_ns_start = Some(900);
+        assert!(!pid_comparable(&earlier_call, &sandboxed));
+        assert!(!owner_gone(&earlier_call, &sandboxed));
+        earlier_call.pid_ns_start = sandboxed.pid_ns_start;
+        assert!(pid_comparable(&earlier_call, &sandboxed));
+        earlier_call.pid_ns_start = None;
+        assert!(
+            !pid_comparable(&earlier_call, &sandboxed),
+            "an older record"
+        );
         let mut unknown = dead.clone();
         (unknown.boot_id, unknown.pid_ns, unknown.machine) = (None, None, None);
         assert!(!owner_gone(&unknown, &here));

@@ -32,6 +32,7 @@ mod hostile;
 mod interleavings;
 mod races;
 mod run_tree;
+mod sandbox_pidns;
 mod stress;
 mod verbs;
 mod wait_run;

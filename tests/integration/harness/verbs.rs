@@ -27,6 +27,7 @@ pub struct Holder {
     pub deadline_boot_ms: Option<u64>,
     pub machine: Option<String>,
     pub pid_ns: Option<u64>,
+    pub pid_ns_start: Option<u64>,
     pub time_ns: Option<u64>,
     pub owner_pgid: Option<u32>,
     pub group_start: Option<u64>,
