@@ -330,10 +330,11 @@ pub fn main_if_keeper() -> Option<ExitCode> {
     }
     let args: Vec<OsString> = args.collect();
     Some(keeper_main(&args).unwrap_or_else(|| {
-        eprintln!(
-            "skill-lock: {KEEPER_ARG} is the keeper of `skill-lock run` and is started only by it; use `skill-lock run`"
-        );
-        ExitCode::from(2)
+        // Typed by hand: the usual one JSON object, as for any bad argument.
+        let err = crate::error::Error::Usage(format!(
+            "{KEEPER_ARG} is the keeper of `skill-lock run` and is started only by it; use `skill-lock run`"
+        ));
+        ExitCode::from(crate::output::Report::error(&err, None).emit(false).code())
     }))
 }
 
