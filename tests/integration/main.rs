@@ -23,6 +23,7 @@ mod etcd_faults;
 mod etcd_leases;
 mod etcd_nemesis;
 mod etcd_tls;
+mod exact;
 mod example;
 mod fs_store;
 mod generated;
