@@ -30,6 +30,7 @@ mod generated;
 mod git_store;
 mod history;
 mod interleavings;
+mod linearizable;
 mod races;
 mod stress;
 mod verbs;
