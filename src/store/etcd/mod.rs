@@ -274,8 +274,7 @@ impl EtcdStore {
     /// it, so a lock whose token was never printed frees itself within the
     /// command's time bound; the full ttl comes once the answer is known.
     fn short_ttl(&self) -> u64 {
-        let ms = u64::try_from(self.config.timeout.as_millis()).unwrap_or(u64::MAX);
-        ms.div_ceil(1000).max(1)
+        short_ttl(self.config.timeout)
     }
 
     fn drop_client(&self) -> Option<usize> {
@@ -612,6 +611,13 @@ struct Granted {
 fn earliest_end(before: &Now, ttl: u64) -> Timestamp {
     let ttl_ms = i64::try_from(ttl.saturating_mul(1000)).unwrap_or(i64::MAX);
     Timestamp(before.wall_ms.saturating_add(ttl_ms).div_euclid(1000))
+}
+
+/// The short lease for a command deadline of `timeout`: the deadline in
+/// whole seconds, rounded up, at least one.
+fn short_ttl(timeout: Duration) -> u64 {
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    ms.div_ceil(1000).max(1)
 }
 
 /// Asks the cluster for a lease of `ttl` seconds.
@@ -1337,6 +1343,29 @@ mod tests {
         assert!(
             lease_end(never, 2, View::Reader, &before, &after).0 * 1000 <= before.wall_ms + 1000
         );
+    }
+
+    #[test]
+    fn the_expires_told_is_the_earliest_end_of_the_lease_granted() {
+        let before = Now {
+            wall_ms: 1_000_000_050,
+            boot: None,
+        };
+        // Just after a whole second: rounded down, never up (the cluster
+        // starts the lease after the request left).
+        assert_eq!(earliest_end(&before, 3).0, 1_000_003);
+        let before = Now {
+            wall_ms: 1_000_000_999,
+            boot: None,
+        };
+        assert_eq!(earliest_end(&before, 2).0, 1_000_002);
+    }
+
+    #[test]
+    fn the_short_lease_covers_the_whole_deadline() {
+        for (t, short) in [(5.0, 5), (1.0, 1), (0.2, 1), (2.5, 3), (600.0, 600)] {
+            assert_eq!(short_ttl(Duration::from_secs_f64(t)), short, "{t}");
+        }
     }
 
     #[test]
