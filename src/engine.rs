@@ -372,7 +372,15 @@ pub fn renew<S: Store>(
             },
         })
     })?;
-    Ok(committed.value)
+    // The record as the store wrote it: a network store reports the lease it
+    // was granted (etcd raises a short ttl to its minimum), SPEC §8.
+    Ok(match (committed.value, committed.written) {
+        (Renew::Renewed { was_expired, .. }, Some(written)) => Renew::Renewed {
+            holder: written.holder,
+            was_expired,
+        },
+        (value, _) => value,
+    })
 }
 
 /// Removes a lock (SPEC §2.3).

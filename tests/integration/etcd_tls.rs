@@ -183,6 +183,27 @@ fn etcds_with_a_private_ca_and_client_certificates() {
         .args(["status", "s", "--repo", "o/r", "--store", url])
         .run();
     anonymous.expect_error("store_unavailable");
+    // An endpoint that accepts and never answers (it hangs in the TLS
+    // handshake) is skipped like a dead one (SPEC §8), well within the bound.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!("etcds://{},127.0.0.1:24401", hung.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in hung.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let began = Instant::now();
+    let skipped = with_tls(Cmd::new(&cwd))
+        .args(["status", "s", "--repo", "o/r", "--store", &hung_url])
+        .run();
+    let took = began.elapsed();
+    skipped.expect(0, "status");
+    assert_eq!(skipped.json["state"], "held", "{}", skipped.stdout);
+    assert!(
+        took < Duration::from_millis(2500),
+        "a hung TLS endpoint took {took:?} to skip (timeout 3 s)"
+    );
     with_tls(Cmd::new(&cwd))
         .args([
             "release", "s", "--repo", "o/r", "--token", &token, "--store", url,

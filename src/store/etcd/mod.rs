@@ -44,6 +44,9 @@ use crate::store::{Change, Committed, Current, Decision, Listed, Listing, Store}
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// History events kept at least (the store trims back to this).
 pub const HISTORY_KEEP: i64 = 10_000;
+/// History events read in one request at most (a page of the longest
+/// events this tool writes stays well under gRPC's 4 MiB message limit).
+const HISTORY_PAGE: i64 = 500;
 
 /// Connection settings of an etcd store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,13 +228,12 @@ impl EtcdStore {
                     )));
                 }
                 let ep = &self.config.endpoints[i];
-                let connect = Client::connect(
-                    ep,
-                    &self.security,
-                    left.min(Duration::from_secs(1)),
-                    self.config.timeout.min(Duration::from_secs(2)),
-                );
-                match tokio::time::timeout(left, connect).await {
+                // The whole connection (TCP, the TLS handshake, authentication)
+                // has one endpoint's share of the deadline: an endpoint that
+                // accepts and then never answers, in any of them, is skipped.
+                let budget = left.min(self.connect_budget());
+                let connect = Client::connect(ep, &self.security, budget, self.call_budget());
+                match tokio::time::timeout(budget, connect).await {
                     Ok(Ok(c)) => {
                         if let Ok(mut g) = self.client.lock() {
                             *g = Some((c.clone(), i));
@@ -252,6 +254,27 @@ impl EtcdStore {
             tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
         }
         Err(unavailable(last))
+    }
+
+    /// The time one endpoint gets to connect: a second at most, and at
+    /// most a quarter of the command's deadline (a quarter of a second at
+    /// least), so a hung endpoint leaves time for the next one.
+    fn connect_budget(&self) -> Duration {
+        (self.config.timeout / 4).clamp(Duration::from_millis(250), Duration::from_secs(1))
+    }
+
+    /// The time one request gets on a connection: two seconds at most, half
+    /// the command's deadline at most.
+    fn call_budget(&self) -> Duration {
+        (self.config.timeout / 2).min(Duration::from_secs(2))
+    }
+
+    /// The lease an acquisition is first written on (whole seconds, the
+    /// deadline rounded up): an acquisition whose answer is lost is written on
+    /// it, so a lock whose token was never printed frees itself within the
+    /// command's time bound; the full ttl comes once the answer is known.
+    fn short_ttl(&self) -> u64 {
+        short_ttl(self.config.timeout)
     }
 
     fn drop_client(&self) -> Option<usize> {
@@ -516,6 +539,8 @@ struct Pending<T> {
     lease: i64,
     /// The create revision of the lock it saw (for a release).
     seen_create_revision: i64,
+    /// An acquisition written on the short lease: the ttl it asked for.
+    extend: Option<u64>,
 }
 
 impl<T> Pending<T> {
@@ -532,71 +557,136 @@ impl<T> Pending<T> {
             }
         }
     }
+
+    /// The record as it landed: the one written (with the lease times this
+    /// host computed, never the reader's view of them), its fence the key's
+    /// revision when it was a new acquisition.
+    fn written(&self, seen: &Seen) -> Option<OwnerRecord> {
+        self.record.clone().map(|mut r| {
+            if r.holder.fence == 0 {
+                r.holder.fence = u64::try_from(seen.mod_revision).unwrap_or(0);
+            }
+            r
+        })
+    }
+}
+
+/// An acquisition written on the short lease, to be moved onto a lease of
+/// its full ttl once its answer is known.
+struct Extension {
+    /// The short lease it is on.
+    lease: i64,
+    /// The key's `mod_revision` after it was written (its fence).
+    revision: i64,
+    /// The ttl asked for.
+    ttl: u64,
 }
 
 /// What one read-decide-act round ended with.
 // One per round, moved once: boxing would buy nothing.
 #[allow(clippy::large_enum_variant)]
 enum Round<T> {
-    /// Committed (or nothing to do); `old_lease` is the lease to revoke now.
-    Done(Committed<T>, i64),
+    /// Committed (or nothing to do); `old_lease` is the lease to revoke now;
+    /// an acquisition on the short lease carries its [`Extension`].
+    Done(Committed<T>, i64, Option<Extension>),
     /// Lost a race: read and decide again.
     Again,
 }
 
-/// The lease for a new or renewed record: granted by the cluster, which may
-/// raise a short ttl to its minimum (the record and its events then say the
-/// ttl granted).
-async fn grant(
-    c: &mut Client,
-    change: &Change,
-    rec: &mut OwnerRecord,
-    events: &mut [Event],
-) -> Result<i64, CallError> {
-    let ttl = i64::try_from(rec.holder.ttl).unwrap_or(i64::MAX);
-    let granted = c.lease_grant(ttl).await?;
-    let granted_ttl = u64::try_from(granted.ttl).unwrap_or(rec.holder.ttl);
-    if granted_ttl != rec.holder.ttl {
-        rec.holder.ttl = granted_ttl;
-        rec.holder.expires = crate::lease::term(&Now::read(), granted_ttl).expires;
-        for ev in events.iter_mut() {
-            ev.expires = Some(rec.holder.expires);
-        }
-    }
-    rec.holder.deadline_boot_ms = None;
-    if !matches!(change, Change::Rewrite(_)) {
-        rec.holder.fence = 0; // the fence is the key's mod_revision
-    }
-    Ok(granted.id)
+/// A lease the cluster granted.
+#[derive(Debug, Clone, Copy)]
+struct Granted {
+    id: i64,
+    /// The ttl granted (the cluster raises a short one to its minimum).
+    ttl: u64,
+    /// The earliest moment the lease can run out, to the second.
+    expires: Timestamp,
 }
 
-/// Extra time, past the command's deadline, to settle an unknown outcome.
-const SETTLE: Duration = Duration::from_secs(3);
-/// Time for the clean-up after a committed change (old lease, history trim).
+/// The earliest end of a lease of `ttl` seconds asked for at `before`: the
+/// cluster starts counting when it grants the lease, which is after the
+/// request left this host, so this is rounded down, never up (SPEC §8: the
+/// `expires` a holder is told is never later than the moment the cluster's
+/// lease can run out).
+fn earliest_end(before: &Now, ttl: u64) -> Timestamp {
+    let ttl_ms = i64::try_from(ttl.saturating_mul(1000)).unwrap_or(i64::MAX);
+    Timestamp(before.wall_ms.saturating_add(ttl_ms).div_euclid(1000))
+}
+
+/// The short lease for a command deadline of `timeout`: the deadline in
+/// whole seconds, rounded up, at least one.
+fn short_ttl(timeout: Duration) -> u64 {
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    ms.div_ceil(1000).max(1)
+}
+
+/// Asks the cluster for a lease of `ttl` seconds.
+async fn grant(c: &mut Client, ttl: u64) -> Result<Granted, CallError> {
+    let before = Now::read();
+    let resp = c
+        .lease_grant(i64::try_from(ttl).unwrap_or(i64::MAX))
+        .await?;
+    let ttl = u64::try_from(resp.ttl)
+        .ok()
+        .filter(|t| *t > 0)
+        .unwrap_or(ttl);
+    Ok(Granted {
+        id: resp.id,
+        ttl,
+        expires: earliest_end(&before, ttl),
+    })
+}
+
+impl Granted {
+    /// The record says the lease it is on: the ttl granted and its earliest end.
+    fn stamp(&self, rec: &mut OwnerRecord) {
+        rec.holder.ttl = self.ttl;
+        rec.holder.expires = self.expires;
+        rec.holder.deadline_boot_ms = None;
+    }
+}
+
+/// Time for the clean-up after a committed change (old lease, history trim),
+/// within what is left of the command's deadline.
 const CLEANUP: Duration = Duration::from_secs(1);
+
+/// What is left of the time until `deadline`, halved: a transaction may
+/// take no more, so that an answer lost with it leaves the other half to
+/// read its outcome back (SPEC §8: the bound covers settling too).
+fn half_left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()) / 2
+}
 
 impl EtcdStore {
     /// One read-decide-act round on one connection.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one read, one decision, one transaction: read top to bottom"
+    )]
     async fn round<T>(
         &self,
         c: &mut Client,
         k: &str,
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
         pending: &mut Option<Pending<T>>,
+        deadline: Instant,
     ) -> Result<Round<T>, CallError> {
         let seen = read_key(c, k, View::Decision).await?;
         if let Some(p) = pending.take() {
             if p.landed(&seen) {
-                let written = match (&p.record, &seen.current) {
-                    (Some(_), Current::Held(rec)) => Some(rec.clone()),
-                    _ => None,
-                };
+                let written = p.written(&seen);
+                let extension = p.extend.map(|ttl| Extension {
+                    lease: p.lease,
+                    revision: seen.mod_revision,
+                    ttl,
+                });
                 return Ok(Round::Done(
                     Committed {
                         value: p.value,
                         written,
                     },
                     0,
+                    extension,
                 ));
             }
             // It did not land: its lease can go, so that it never can.
@@ -613,8 +703,34 @@ impl EtcdStore {
             Change::Create(r) | Change::Takeover(r) | Change::Rewrite(r) => Some(r.clone()),
             Change::Keep | Change::Delete => None,
         };
+        let acquisition = matches!(change, Change::Create(_) | Change::Takeover(_));
+        let mut extend = None;
         let lease = match record.as_mut() {
-            Some(rec) => grant(c, &change, rec, &mut events).await?,
+            Some(rec) => {
+                // A new acquisition longer than the short lease is written on
+                // the short lease first (see `short_ttl`).
+                let wanted = rec.holder.ttl;
+                let short = self.short_ttl();
+                let first = if acquisition && wanted > short {
+                    extend = Some(wanted);
+                    short
+                } else {
+                    wanted
+                };
+                let granted = grant(c, first).await?;
+                granted.stamp(rec);
+                // The events say the lease asked for, from the same start.
+                let shown = Timestamp(granted.expires.0.saturating_add(
+                    i64::try_from(extend.map_or(0, |w| w.saturating_sub(granted.ttl))).unwrap_or(0),
+                ));
+                for ev in &mut events {
+                    ev.expires = Some(shown);
+                }
+                if acquisition {
+                    rec.holder.fence = 0; // the fence is the key's mod_revision
+                }
+                granted.id
+            }
             None => 0,
         };
         let history = self.history_ops(&mut events, record.as_ref())?;
@@ -632,9 +748,9 @@ impl EtcdStore {
             // appended under the same guard; a failure to append never fails
             // the operation itself (SPEC §2.8).
             if !plan.txn.success.is_empty() {
-                match c.txn(plan.txn).await {
-                    Ok(resp) if !resp.succeeded => return Ok(Round::Again),
-                    Ok(_) | Err(_) => {}
+                match tokio::time::timeout(half_left(deadline), c.txn(plan.txn)).await {
+                    Ok(Ok(resp)) if !resp.succeeded => return Ok(Round::Again),
+                    _ => {}
                 }
             }
             return Ok(Round::Done(
@@ -643,6 +759,7 @@ impl EtcdStore {
                     written: None,
                 },
                 0,
+                None,
             ));
         };
         // From here until its answer, the outcome is unknown (the answer may
@@ -654,36 +771,85 @@ impl EtcdStore {
             bytes: plan.bytes,
             lease,
             seen_create_revision: seen.create_revision,
+            extend,
         });
-        let resp = c.txn(plan.txn).await?;
+        let resp = tokio::time::timeout(half_left(deadline), c.txn(plan.txn))
+            .await
+            .map_err(|_| {
+                CallError::Etcd(CallFailure::Status(tonic::Status::deadline_exceeded(
+                    "the transaction's answer did not come in time",
+                )))
+            })??;
         let Some(attempt) = pending.take() else {
             return Err(CallError::Fatal(Error::Internal(
                 "a transaction's attempt went missing".into(),
             )));
         };
-        match resp {
-            resp if !resp.succeeded => {
-                if lease != 0 {
-                    let _ = c.lease_revoke(lease).await;
-                }
-                Ok(Round::Again)
+        if !resp.succeeded {
+            if lease != 0 {
+                let _ = c.lease_revoke(lease).await;
             }
-            resp => {
-                let revision = resp.header.map_or(0, |h| h.revision);
-                let written = attempt.record.map(|mut r| {
-                    if r.holder.fence == 0 {
-                        r.holder.fence = u64::try_from(revision).unwrap_or(0);
-                    }
-                    r
-                });
-                Ok(Round::Done(
-                    Committed {
-                        value: attempt.value,
-                        written,
-                    },
-                    seen.lease,
-                ))
+            return Ok(Round::Again);
+        }
+        let revision = resp.header.map_or(0, |h| h.revision);
+        let written = attempt.record.map(|mut r| {
+            if r.holder.fence == 0 {
+                r.holder.fence = u64::try_from(revision).unwrap_or(0);
             }
+            r
+        });
+        let extension = attempt.extend.map(|ttl| Extension {
+            lease,
+            revision,
+            ttl,
+        });
+        Ok(Round::Done(
+            Committed {
+                value: attempt.value,
+                written,
+            },
+            seen.lease,
+            extension,
+        ))
+    }
+
+    /// Moves an acquisition from its short lease onto a lease of its full
+    /// ttl: one transaction guarded by the revision the acquisition wrote,
+    /// so it never touches a lock that changed since. The record as it is
+    /// then, or `None` when it stays on the short lease (the guard failed,
+    /// or the answer was lost: the holder is told the short lease, which it
+    /// certainly has).
+    async fn extend(
+        &self,
+        c: &mut Client,
+        k: &str,
+        rec: &OwnerRecord,
+        ext: &Extension,
+    ) -> Option<OwnerRecord> {
+        let full = grant(c, ext.ttl).await.ok()?;
+        let mut new = rec.clone();
+        full.stamp(&mut new);
+        let Ok(bytes) = new.to_bytes() else {
+            let _ = c.lease_revoke(full.id).await;
+            return None;
+        };
+        let txn = TxnRequest {
+            compare: vec![client::modified_at(k, ext.revision)],
+            success: vec![client::put(k, bytes, full.id)],
+            failure: Vec::new(),
+        };
+        match c.txn(txn).await {
+            Ok(resp) if resp.succeeded => {
+                let _ = c.lease_revoke(ext.lease).await;
+                Some(new)
+            }
+            Ok(_) => {
+                let _ = c.lease_revoke(full.id).await;
+                None
+            }
+            // Unknown: it may have moved; either lease it is on is the
+            // holder's, and the short one is the one it surely has.
+            Err(_) => None,
         }
     }
 
@@ -711,36 +877,51 @@ impl EtcdStore {
     }
 
     /// After a committed change: revoke the lease the lock no longer uses
-    /// and keep the history bounded, within their own short budget (the
-    /// change is done; a failure here is harmless).
-    async fn clean_up(&self, c: &mut Client, old_lease: i64) {
+    /// and keep the history bounded, within their own short budget and the
+    /// command's deadline (the change is done; a failure here is harmless:
+    /// a lease with no key on it just runs out, the next change trims).
+    async fn clean_up(&self, c: &mut Client, old_lease: i64, deadline: Instant) {
+        let budget = CLEANUP.min(deadline.saturating_duration_since(Instant::now()));
+        if budget.is_zero() {
+            return;
+        }
         let work = async {
             if old_lease != 0 {
                 let _ = c.lease_revoke(old_lease).await;
             }
             trim_history(c, &self.config.prefix).await;
         };
-        let _ = tokio::time::timeout(CLEANUP, work).await;
+        let _ = tokio::time::timeout(budget, work).await;
     }
 
     /// The cluster stopped answering with an acquisition's outcome unknown:
-    /// revoke its lease on any member that answers, so that a lock whose
-    /// token was never printed is never left behind.
-    async fn abandon<T>(&self, pending: Option<Pending<T>>, err: Error) -> Error {
+    /// revoke its lease on any member that answers before the deadline, so
+    /// that a lock whose token was never printed is gone at once. When none
+    /// does, the acquisition was written on the short lease (`short_ttl`),
+    /// so such a lock frees itself within the command's time bound.
+    async fn abandon<T>(
+        &self,
+        pending: Option<Pending<T>>,
+        err: Error,
+        deadline: Instant,
+    ) -> Error {
         let Some(p) = pending else { return err };
         if p.kind != Kind::Acquisition || p.lease == 0 {
             return Error::StoreUnavailable(format!(
                 "{err}; the outcome of this change is unknown: run `status` to see the lock"
             ));
         }
-        let deadline = Instant::now() + SETTLE;
         for ep in &self.config.endpoints {
             let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let budget = left.min(self.connect_budget());
             let attempt = async {
-                let mut c = Client::connect(ep, &self.security, left, left).await?;
+                let mut c = Client::connect(ep, &self.security, budget, budget).await?;
                 c.lease_revoke(p.lease).await
             };
-            if let Ok(Ok(())) = tokio::time::timeout(left, attempt).await {
+            if let Ok(Ok(())) = tokio::time::timeout(budget, attempt).await {
                 return Error::StoreUnavailable(format!(
                     "{err}; nothing was taken (the attempt's lease was revoked)"
                 ));
@@ -748,7 +929,7 @@ impl EtcdStore {
         }
         Error::StoreUnavailable(format!(
             "{err}; the outcome is unknown: if the lock was taken, nobody holds its token and it \
-             frees itself when its lease of {}s ends",
+             frees itself when its lease of {}s ends (it was written on a short lease)",
             p.record.map_or(0, |r| r.holder.ttl)
         ))
     }
@@ -777,42 +958,49 @@ impl Store for EtcdStore {
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
     ) -> Result<Committed<T>> {
         let k = self.lock_key(key);
-        let mut deadline = Instant::now() + self.config.timeout;
+        // One deadline for the whole command, settling included (SPEC §8).
+        let deadline = Instant::now() + self.config.timeout;
         self.runtime.block_on(async {
             let mut pending = None;
             let mut skip = None;
-            let mut settling = false;
             loop {
                 let mut c = match self.client(deadline, skip).await {
                     Ok(c) => c,
-                    Err(e) => return Err(self.abandon(pending, e).await),
+                    Err(e) => return Err(self.abandon(pending, e, deadline).await),
                 };
                 let left = deadline.saturating_duration_since(Instant::now());
-                let round = self.round(&mut c, &k, decide, &mut pending);
+                let round = self.round(&mut c, &k, decide, &mut pending, deadline);
                 match tokio::time::timeout(left, round).await {
-                    Ok(Ok(Round::Done(committed, old_lease))) => {
-                        self.clean_up(&mut c, old_lease).await;
+                    Ok(Ok(Round::Done(mut committed, old_lease, extension))) => {
+                        // The acquisition is known to have landed: move it
+                        // onto its full ttl, if the deadline allows.
+                        if let (Some(ext), Some(rec)) = (extension, committed.written.as_ref()) {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            let moved =
+                                tokio::time::timeout(left, self.extend(&mut c, &k, rec, &ext));
+                            if let Ok(Some(rec)) = moved.await {
+                                committed.written = Some(rec);
+                            }
+                        }
+                        self.clean_up(&mut c, old_lease, deadline).await;
                         return Ok(committed);
                     }
                     Ok(Ok(Round::Again)) => {}
                     Ok(Err(CallError::Fatal(e))) => return Err(e),
                     Ok(Err(CallError::Etcd(e))) if !e.retryable() => {
                         let e = Error::StoreUnavailable(format!("etcd refused the request: {e}"));
-                        return Err(self.abandon(pending, e).await);
+                        return Err(self.abandon(pending, e, deadline).await);
                     }
                     Ok(Err(CallError::Etcd(_))) | Err(_) => {
+                        // Another endpoint next; an answer that was lost is
+                        // read back there before anything is decided again.
                         skip = self.drop_client();
                         if Instant::now() >= deadline {
-                            if pending.is_none() || settling {
-                                let e = unavailable(format!(
-                                    "none of {} answered in time",
-                                    self.config.endpoints.join(", ")
-                                ));
-                                return Err(self.abandon(pending, e).await);
-                            }
-                            // An answer was lost: read it back before answering.
-                            settling = true;
-                            deadline = Instant::now() + SETTLE;
+                            let e = unavailable(format!(
+                                "none of {} answered in time",
+                                self.config.endpoints.join(", ")
+                            ));
+                            return Err(self.abandon(pending, e, deadline).await);
                         }
                     }
                 }
@@ -858,29 +1046,86 @@ impl Store for EtcdStore {
             let prefix = prefix.clone();
             let name = name.clone();
             async move {
-                let resp = c
-                    .range(RangeRequest {
+                let mut out = Vec::new();
+                // Newest first, a page at a time (SPEC §8: the history is
+                // read in pages, so its size never fails the read): each
+                // page ends at the create revision below the last one seen.
+                let mut below = 0;
+                // Keys already read at revision `below`: one transaction
+                // writes up to three events, and a page may end among them.
+                let mut at_below: std::collections::HashSet<Vec<u8>> =
+                    std::collections::HashSet::new();
+                let mut page = HISTORY_PAGE;
+                while out.len() < limit {
+                    let req = RangeRequest {
                         sort_target: SortTarget::Create.into(),
                         sort_order: SortOrder::Descend.into(),
+                        limit: page,
+                        max_create_revision: below,
                         ..client::get_prefix(&prefix)
-                    })
-                    .await?;
-                let mut out = Vec::new();
-                for kv in &resp.kvs {
-                    if out.len() >= limit {
+                    };
+                    let mut resp = match c.range(req).await {
+                        Ok(r) => r,
+                        // A page past the message limit (events written by
+                        // another tool can be of any size): a smaller page.
+                        Err(CallFailure::Status(s))
+                            if s.code() == tonic::Code::OutOfRange && page > 1 =>
+                        {
+                            page /= 2;
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
+                    // The events of one transaction share a revision: their
+                    // keys (named by time) order them.
+                    resp.kvs.sort_by(|a, b| {
+                        (b.create_revision, &b.key).cmp(&(a.create_revision, &a.key))
+                    });
+                    let fresh: Vec<_> = resp
+                        .kvs
+                        .iter()
+                        .filter(|kv| kv.create_revision != below || !at_below.contains(&kv.key))
+                        .collect();
+                    for kv in &fresh {
+                        if out.len() >= limit {
+                            break;
+                        }
+                        let Ok(mut ev) = serde_json::from_slice::<Event>(&kv.value) else {
+                            continue;
+                        };
+                        if name.as_ref().is_some_and(|n| *n != ev.lock) {
+                            continue;
+                        }
+                        if ev.fence.is_none() {
+                            // Written in the acquiring transaction: its revision is the fence.
+                            ev.fence = u64::try_from(kv.create_revision).ok();
+                        }
+                        out.push(ev);
+                    }
+                    let Some(last) = resp.kvs.last() else { break };
+                    if !resp.more {
                         break;
                     }
-                    let Ok(mut ev) = serde_json::from_slice::<Event>(&kv.value) else {
-                        continue;
-                    };
-                    if name.as_ref().is_some_and(|n| *n != ev.lock) {
-                        continue;
+                    if fresh.is_empty() {
+                        // A page of nothing new (pages smaller than one
+                        // transaction's events): step past that revision.
+                        below = last.create_revision - 1;
+                        at_below.clear();
+                    } else {
+                        if last.create_revision != below {
+                            at_below.clear();
+                        }
+                        below = last.create_revision;
+                        at_below.extend(
+                            resp.kvs
+                                .iter()
+                                .filter(|kv| kv.create_revision == below)
+                                .map(|kv| kv.key.clone()),
+                        );
                     }
-                    if ev.fence.is_none() {
-                        // Written in the acquiring transaction: its revision is the fence.
-                        ev.fence = u64::try_from(kv.create_revision).ok();
+                    if below < 1 {
+                        break;
                     }
-                    out.push(ev);
                 }
                 out.reverse();
                 Ok(out)
@@ -1046,6 +1291,7 @@ mod tests {
             bytes,
             lease: 5,
             seen_create_revision: 3,
+            extend: None,
         };
         let acq = pending(Kind::Acquisition, None);
         assert!(acq.landed(&seen(Current::Held(ours.clone()), 3, Vec::new())));
@@ -1097,6 +1343,29 @@ mod tests {
         assert!(
             lease_end(never, 2, View::Reader, &before, &after).0 * 1000 <= before.wall_ms + 1000
         );
+    }
+
+    #[test]
+    fn the_expires_told_is_the_earliest_end_of_the_lease_granted() {
+        let before = Now {
+            wall_ms: 1_000_000_050,
+            boot: None,
+        };
+        // Just after a whole second: rounded down, never up (the cluster
+        // starts the lease after the request left).
+        assert_eq!(earliest_end(&before, 3).0, 1_000_003);
+        let before = Now {
+            wall_ms: 1_000_000_999,
+            boot: None,
+        };
+        assert_eq!(earliest_end(&before, 2).0, 1_000_002);
+    }
+
+    #[test]
+    fn the_short_lease_covers_the_whole_deadline() {
+        for (t, short) in [(5.0, 5), (1.0, 1), (0.2, 1), (2.5, 3), (600.0, 600)] {
+            assert_eq!(short_ttl(Duration::from_secs_f64(t)), short, "{t}");
+        }
     }
 
     #[test]

@@ -50,6 +50,12 @@ pub struct RangeRequest {
     pub keys_only: bool,
     #[prost(bool, tag = "9")]
     pub count_only: bool,
+    /// Only keys created at or after / at or before these revisions (0: no
+    /// bound); `history` pages backwards through the events with the latter.
+    #[prost(int64, tag = "12")]
+    pub min_create_revision: i64,
+    #[prost(int64, tag = "13")]
+    pub max_create_revision: i64,
 }
 /// Nested message and enum types in `RangeRequest`.
 pub mod range_request {

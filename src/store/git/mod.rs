@@ -591,11 +591,18 @@ impl GitStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        // Each commit holds one to three events: read enough commits.
-        let n = format!("--max-count={limit}");
+        // Each commit holds one to three events: read enough commits (git
+        // takes a count up to i32::MAX; a chain is never longer).
+        let n = format!(
+            "--max-count={}",
+            limit.min(usize::try_from(i32::MAX).unwrap_or(usize::MAX))
+        );
         let out = self.local(&["log", &n, "--format=%x1e%B", tip], None)?;
         if !out.ok() {
-            return Ok(Vec::new());
+            return Err(self.cache_error(&format!(
+                "git log of the lock history failed: {}",
+                out.stderr.trim()
+            )));
         }
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let mut events = Vec::new();
