@@ -8,7 +8,7 @@ A plugin installs the directory that `scripts/bundle` writes at, e.g.,
 uv then builds a wheel from that directory with this backend: no compiler, no
 package index, no write into the directory (which may be read-only). The
 wheel's one script is the prebuilt binary for this host, taken from
-bin/<os>-<arch>/skill-lock; uv runs it directly on every later call, so no
+bin/<os>-<arch>/skill-lock (skill-lock.exe for windows-*); uv runs it directly on every later call, so no
 Python starts after the first. On a host the bundle has no binary for, the
 script is a small sh program that prints the one JSON error object the
 contract promises (exit 2), naming the platforms the bundle has and how to
@@ -47,6 +47,11 @@ def host_platform():
     return "%s-%s" % (system, machine)
 
 
+def binary_name(plat):
+    """The file name of a platform's binary in bin/<plat>/ and in the wheel."""
+    return "skill-lock.exe" if plat.startswith("windows-") else "skill-lock"
+
+
 def bundled_platforms():
     """The platforms this bundle carries a binary for."""
     base = os.path.join(ROOT, "bin")
@@ -54,7 +59,7 @@ def bundled_platforms():
         names = sorted(os.listdir(base))
     except OSError:
         return []
-    return [n for n in names if os.path.isfile(os.path.join(base, n, "skill-lock"))]
+    return [n for n in names if os.path.isfile(os.path.join(base, n, binary_name(n)))]
 
 
 def _no_binary_script(host, have):
@@ -103,13 +108,13 @@ def _files(version):
     """(path in the wheel, bytes, executable) of everything the wheel holds."""
     data = "%s-%s.data" % (NAME, version)
     host = host_platform()
-    binary = os.path.join(ROOT, "bin", host, "skill-lock")
+    binary = os.path.join(ROOT, "bin", host, binary_name(host))
     if os.path.isfile(binary):
         with open(binary, "rb") as f:
             script = f.read()
     else:
         script = _no_binary_script(host, bundled_platforms())
-    out = [(data + "/scripts/skill-lock", script, True)]
+    out = [(data + "/scripts/" + binary_name(host), script, True)]
     share = os.path.join(ROOT, "share")
     for dirpath, _dirs, names in os.walk(share):
         for n in sorted(names):
