@@ -24,33 +24,15 @@ use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// The etcd endpoint under test, or None (test skipped).
 fn etcd(test: &str) -> Option<String> {
-    match std::env::var("SKILL_LOCK_TEST_ETCD") {
-        Ok(e) if !e.is_empty() => Some(e.split(',').next().unwrap_or(&e).to_owned()),
-        _ => {
-            assert!(
-                std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-                "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
-            );
-            eprintln!("SKIPPED: {test} needs etcd (set SKILL_LOCK_TEST_ETCD=host:port)");
-            None
-        }
-    }
+    common::etcd_endpoint(test)
 }
 
 fn prefix(env: &TestEnv) -> String {
-    format!(
-        "/exact/{}-{}-{}/",
-        std::process::id(),
-        env.root.file_name().unwrap().to_string_lossy(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    )
+    common::etcd_prefix(env, "exact")
 }
 
 fn cmd(cwd: &Path, store: &str) -> Cmd {

@@ -270,6 +270,35 @@ pub fn must_holder_fence(v: &Value) -> u64 {
     holder_fence(v).unwrap_or_else(|| panic!("no holder.fence in {v}"))
 }
 
+/// The etcd endpoint the etcd halves run against (`SKILL_LOCK_TEST_ETCD`,
+/// its first member), or `None`: the test is skipped, visibly, unless
+/// `SKILL_LOCK_TEST_ETCD_REQUIRED` (CI) makes that a failure.
+pub fn etcd_endpoint(test: &str) -> Option<String> {
+    match std::env::var("SKILL_LOCK_TEST_ETCD") {
+        Ok(e) if !e.is_empty() => Some(e.split(',').next().unwrap_or(&e).to_owned()),
+        _ => {
+            assert!(
+                std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
+                "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
+            );
+            eprintln!("SKIPPED: {test} needs etcd (set SKILL_LOCK_TEST_ETCD=host:port)");
+            None
+        }
+    }
+}
+
+/// A fresh etcd key prefix under `/tag/` per call, so tests never see each
+/// other's locks.
+pub fn etcd_prefix(env: &TestEnv, tag: &str) -> String {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "/{tag}/{}-{}-{}/",
+        std::process::id(),
+        env.root.file_name().unwrap().to_string_lossy(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    )
+}
+
 /// A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
 /// each returning a typed mirror of the wire object.
 pub mod verbs;
