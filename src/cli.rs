@@ -13,7 +13,7 @@ use crate::engine::AcquireRequest;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::lease;
-use crate::output::{ExitStatus, Report};
+use crate::output::{Channel, ExitStatus, Report};
 
 const AFTER_HELP: &str = "\
 Every command prints one JSON object on one line (run: on stderr, as the last line).
@@ -407,6 +407,7 @@ where
     T: Into<OsString> + Clone,
 {
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let channel = Channel::of_command(command_word(&args));
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -416,7 +417,7 @@ where
                 return ExitStatus::Success;
             }
             let report = Report::error(&Error::Usage(usage_message(&e, &args)), None);
-            return report.emit(command_word(&args) == Some("run"));
+            return report.emit(channel);
         }
     };
     if let Command::Completions { shell } = cli.command {
@@ -424,16 +425,15 @@ where
     }
     let env = match Environment::read() {
         Ok(env) => env,
-        Err(err) => return Report::error(&err, None).emit(false),
+        Err(err) => return Report::error(&err, None).emit(channel),
     };
-    let to_stderr = matches!(cli.command, Command::Run(_));
-    if to_stderr {
+    if matches!(cli.command, Command::Run(_)) {
         crate::run::prepare();
     }
     let lock = cli.command.lock_as_given();
     cli.into_settings(env)
-        .and_then(|settings| crate::commands::execute(&settings))
-        .unwrap_or_else(|err| Report::error(&err, lock).emit(to_stderr))
+        .and_then(|settings| crate::commands::execute(&settings, channel))
+        .unwrap_or_else(|err| Report::error(&err, lock).emit(channel))
 }
 #[cfg(test)]
 mod tests {

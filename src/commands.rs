@@ -9,21 +9,21 @@ use crate::config::{Action, Settings};
 use crate::engine::{self, AcquireRequest, Context};
 use crate::error::Result;
 use crate::key::LockKey;
-use crate::output::{About, ExitStatus, Report};
+use crate::output::{About, Channel, ExitStatus, Report};
 use crate::store::{AnyStore, Store};
 
-/// Carries out the settings' action and prints its object (on stderr for
-/// `run`); returns the exit status.
+/// Carries out the settings' action and prints its object on `channel`;
+/// returns the exit status.
 ///
 /// # Errors
 /// Anything that stops the command before it reaches an outcome (nothing
 /// was printed then).
-pub fn execute(settings: &Settings) -> Result<ExitStatus> {
+pub fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatus> {
     let report = match &settings.action {
         Action::List => return list(settings),
         other => report(settings, other)?,
     };
-    Ok(report.emit(settings.action.reports_on_stderr()))
+    Ok(report.emit(channel))
 }
 
 /// The object of every action but `list` (which prints as it reads).
@@ -110,9 +110,8 @@ fn renew(
     token: Option<&str>,
     ttl: Option<u64>,
 ) -> Result<Report> {
-    let ctx = context(settings);
-    let outcome = engine::renew(store(settings), key, token, ttl, &ctx)?;
-    Ok(Report::renew(outcome, about(settings, key), &ctx.now))
+    let outcome = engine::renew(store(settings), key, token, ttl, &context(settings))?;
+    Ok(Report::renew(outcome, about(settings, key)))
 }
 
 fn release(settings: &Settings, key: &LockKey, token: Option<&str>, force: bool) -> Result<Report> {

@@ -134,14 +134,6 @@ pub enum Action {
     },
 }
 
-impl Action {
-    /// Does this action print its object on stderr (`run`, SPEC §2.7)?
-    #[must_use]
-    pub fn reports_on_stderr(&self) -> bool {
-        matches!(self, Self::Run { .. })
-    }
-}
-
 /// Everything one invocation needs, validated: what to do, where, and when.
 #[derive(Debug)]
 pub struct Settings {

@@ -9,7 +9,7 @@
 use crate::error::Result;
 use crate::history::{Event, EventKind};
 use crate::key::LockKey;
-use crate::lease::{self, Now, StaleReason};
+use crate::lease::{self, Now, StaleReason, Verdict};
 use crate::liveness::{self, Origin};
 use crate::record::{FORMAT, Holder, OwnerRecord, hash_token, new_token};
 use crate::store::{Change, Current, Decision, Store};
@@ -110,11 +110,15 @@ pub enum Renew {
         holder: Holder,
         /// It had run out (or its owner died) and nobody had taken it over.
         was_expired: bool,
+        /// Seconds left on the lease written, at the decision's clock reading.
+        expires_in: u64,
     },
     /// Another token holds it.
     NotOwner {
         /// Its holder.
         holder: Holder,
+        /// Seconds left on its lease, at the decision's clock reading.
+        expires_in: u64,
     },
     /// No lock at all (or only an unreadable one).
     NotHeld {
@@ -191,9 +195,20 @@ pub enum Check {
     },
 }
 
-/// Judges a state read from the store.
+/// One lock of [`list`], judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its key (the repo as recorded; lowercase when the record is unreadable).
+    pub key: LockKey,
+    /// Where it is.
+    pub location: String,
+    /// Held or stale (a lock that turned out free is never handed over).
+    pub state: State,
+}
+
+/// Judges a state read from the store, at the clock reading `now`.
 #[must_use]
-pub fn judge(current: &Current, ctx: &Context) -> State {
+pub fn judge(current: &Current, now: &Now) -> State {
     match current {
         Current::Free => State::Free,
         Current::Corrupt(_) => State::Stale {
@@ -201,22 +216,14 @@ pub fn judge(current: &Current, ctx: &Context) -> State {
             holder: None,
             expires_in: None,
         },
-        Current::Held(rec) if lease::impossible(&rec.holder, &ctx.now) => State::Stale {
-            reason: StaleReason::Corrupt,
-            holder: Some(rec.holder.clone()),
-            expires_in: None,
-        },
-        Current::Held(rec) => {
-            let expires_in = lease::expires_in(&rec.holder, &ctx.now);
-            match lease::stale_reason(&rec.holder, &ctx.now) {
-                None => State::Held {
-                    holder: rec.holder.clone(),
-                    expires_in,
-                },
-                Some(reason) => State::Stale {
+        Current::Held(seen) => {
+            let holder = seen.holder().clone();
+            match lease::verdict(seen, now) {
+                Verdict::Live { expires_in } => State::Held { holder, expires_in },
+                Verdict::Stale { reason, expires_in } => State::Stale {
                     reason,
-                    holder: Some(rec.holder.clone()),
-                    expires_in: Some(expires_in),
+                    holder: Some(holder),
+                    expires_in,
                 },
             }
         }
@@ -234,6 +241,79 @@ fn event(kind: EventKind, key: &LockKey, ctx: &Context, holder: Option<&Holder>)
     ev
 }
 
+/// The identity of an acquirer, found once per command (outside the
+/// critical section): its token's hash and its processes' start times.
+struct Acquirer<'a> {
+    key: &'a LockKey,
+    req: &'a AcquireRequest,
+    token_sha256: String,
+    owner_start: Option<u64>,
+    group_start: Option<u64>,
+}
+
+impl Acquirer<'_> {
+    /// The record of a new lease taken at `ctx` (its fence is the store's to assign).
+    fn record(&self, ctx: &Context) -> OwnerRecord {
+        let term = lease::term(&ctx.now, self.req.ttl);
+        let here = Origin::here();
+        OwnerRecord {
+            holder: Holder {
+                skill: self.key.skill().to_owned(),
+                repo: self.key.repo().to_owned(),
+                started: term.start,
+                expires: term.expires,
+                renewed: None,
+                ttl: self.req.ttl,
+                note: self.req.note.clone(),
+                host: ctx.host.clone(),
+                owner_pid: self.req.owner_pid,
+                fence: 0,
+                boot_id: ctx.now.boot.as_ref().map(|b| b.id.clone()),
+                owner_start: self.owner_start,
+                deadline_boot_ms: term.deadline_boot_ms,
+                machine: here.machine.clone(),
+                pid_ns: here.pid_ns,
+                pid_ns_start: here.pid_ns_start,
+                time_ns: ctx.now.boot.as_ref().and_then(|b| b.time_ns),
+                owner_pgid: self.req.owner_pgid,
+                group_start: self.group_start,
+                format: FORMAT,
+            },
+            token_sha256: self.token_sha256.clone(),
+        }
+    }
+
+    /// The decision on `current`, made at `ctx`: keep a live lock, create
+    /// a free one, take over a stale one.
+    fn decide(
+        &self,
+        current: &Current,
+        ctx: &Context,
+    ) -> Decision<Result<Option<TookOver>, (Holder, u64)>> {
+        let record = self.record(ctx);
+        let acquired = event(EventKind::Acquired, self.key, ctx, Some(&record.holder));
+        match judge(current, &ctx.now) {
+            State::Held { holder, expires_in } => Decision::keep(Err((holder, expires_in))),
+            State::Free => {
+                Decision::new(Change::Create(record), Ok(None)).with_new_lock_event(acquired)
+            }
+            State::Stale { reason, holder, .. } => {
+                let mut took_over = event(EventKind::TookOver, self.key, ctx, None);
+                took_over.reason = Some(reason.as_str().to_owned());
+                took_over.previous.clone_from(&holder);
+                took_over.owner_pid = self.req.owner_pid;
+                took_over.note.clone_from(&self.req.note);
+                Decision::new(
+                    Change::Takeover(record),
+                    Ok(Some(TookOver { reason, holder })),
+                )
+                .with_new_lock_event(took_over)
+                .with_new_lock_event(acquired)
+            }
+        }
+    }
+}
+
 /// Takes the lock for `key` when it is free or stale (SPEC §2.1).
 ///
 /// # Errors
@@ -245,67 +325,22 @@ pub fn acquire<S: Store>(
     ctx: &Context,
 ) -> Result<Acquire> {
     let token = new_token()?;
-    let token_sha256 = hash_token(&token);
-    let owner_start = req.owner_pid.and_then(liveness::process_start);
-    let group_start = req.owner_pgid.and_then(liveness::process_start);
+    let acquirer = Acquirer {
+        key,
+        req,
+        token_sha256: hash_token(&token),
+        owner_start: req.owner_pid.and_then(liveness::process_start),
+        group_start: req.owner_pgid.and_then(liveness::process_start),
+    };
+    // The clock is read inside the critical section: time spent waiting
+    // for the guard neither shortens the lease nor hides an expiry.
     let committed = store.update(key, &mut |current| {
-        // The clock is read here, inside the critical section: time spent
-        // waiting for the guard neither shortens the lease nor hides an expiry.
-        let ctx = &ctx.at_decision();
-        let term = lease::term(&ctx.now, req.ttl);
-        let record = OwnerRecord {
-            holder: Holder {
-                skill: key.skill().to_owned(),
-                repo: key.repo().to_owned(),
-                started: term.start,
-                expires: term.expires,
-                renewed: None,
-                ttl: req.ttl,
-                note: req.note.clone(),
-                host: ctx.host.clone(),
-                owner_pid: req.owner_pid,
-                fence: 0,
-                boot_id: ctx.now.boot.as_ref().map(|b| b.id.clone()),
-                owner_start,
-                deadline_boot_ms: term.deadline_boot_ms,
-                machine: Origin::here().machine.clone(),
-                pid_ns: Origin::here().pid_ns,
-                pid_ns_start: Origin::here().pid_ns_start,
-                time_ns: ctx.now.boot.as_ref().and_then(|b| b.time_ns),
-                owner_pgid: req.owner_pgid,
-                group_start,
-                format: FORMAT,
-            },
-            token_sha256: token_sha256.clone(),
-        };
-        let mut acquired_event = event(EventKind::Acquired, key, ctx, Some(&record.holder));
-        acquired_event.fence = None;
-        let took_over_event = |reason: StaleReason, holder: Option<&Holder>| {
-            let mut ev = event(EventKind::TookOver, key, ctx, None);
-            ev.reason = Some(reason.as_str().to_owned());
-            ev.previous = holder.cloned();
-            ev.owner_pid = req.owner_pid;
-            ev.note.clone_from(&req.note);
-            ev
-        };
-        Ok(match judge(current, ctx) {
-            State::Held { holder, expires_in } => Decision::keep(Err((holder, expires_in))),
-            State::Free => Decision {
-                change: Change::Create(record),
-                events: vec![acquired_event],
-                value: Ok(None),
-            },
-            State::Stale { reason, holder, .. } => Decision {
-                change: Change::Takeover(record),
-                events: vec![took_over_event(reason, holder.as_ref()), acquired_event],
-                value: Ok(Some(TookOver { reason, holder })),
-            },
-        })
+        Ok(acquirer.decide(current, &ctx.at_decision()))
     })?;
     Ok(match (committed.value, committed.written) {
         (Ok(took_over), Some(written)) => Acquire::Acquired {
             token,
-            holder: written.holder,
+            holder: written.holder(),
             took_over,
         },
         (Err((holder, expires_in)), _) => Acquire::AlreadyRunning { holder, expires_in },
@@ -315,6 +350,60 @@ pub fn acquire<S: Store>(
             ));
         }
     })
+}
+
+/// What a renew decided, before the store said what it wrote.
+// One per decision, moved once: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Renewing {
+    Renewed { was_expired: bool, now: Now },
+    Other(Renew),
+}
+
+fn decide_renew(
+    current: &Current,
+    key: &LockKey,
+    token: Option<&str>,
+    ttl: Option<u64>,
+    ctx: &Context,
+) -> Decision<Renewing> {
+    let seen = match current {
+        Current::Free => return Decision::keep(Renewing::Other(Renew::NotHeld { corrupt: false })),
+        Current::Corrupt(_) => {
+            return Decision::keep(Renewing::Other(Renew::NotHeld { corrupt: true }));
+        }
+        Current::Held(seen) => seen,
+    };
+    let rec = &seen.record;
+    if let Some(t) = token
+        && !rec.token_matches(t)
+    {
+        let mut ev = event(EventKind::Refused, key, ctx, Some(&rec.holder));
+        ev.reason = Some("renew with a token that does not hold the lock".into());
+        ev.previous = Some(rec.holder.clone());
+        let expires_in = lease::seen_expires_in(seen, &ctx.now);
+        return Decision::keep(Renewing::Other(Renew::NotOwner {
+            holder: rec.holder.clone(),
+            expires_in,
+        }))
+        .with_event(ev);
+    }
+    let was_expired = matches!(lease::verdict(seen, &ctx.now), Verdict::Stale { .. });
+    let ttl = ttl.unwrap_or(rec.holder.ttl);
+    let term = lease::term(&ctx.now, ttl);
+    let mut new = rec.clone();
+    new.holder.expires = term.expires;
+    new.holder.renewed = Some(term.start);
+    new.holder.ttl = ttl;
+    // The record keeps its acquirer's identity; the boot-clock deadline
+    // is renewed only by a renewer on that same clock.
+    new.holder.deadline_boot_ms = lease::renewed_deadline(&rec.holder, &ctx.now, &term);
+    let mut ev = event(EventKind::Renewed, key, ctx, Some(&new.holder));
+    if was_expired {
+        ev.reason = Some("was_expired".into());
+    }
+    let now = ctx.now.clone();
+    Decision::new(Change::Rewrite(new), Renewing::Renewed { was_expired, now }).with_event(ev)
 }
 
 /// Extends a held lease to now + ttl (SPEC §2.2).
@@ -329,58 +418,72 @@ pub fn renew<S: Store>(
     ctx: &Context,
 ) -> Result<Renew> {
     let committed = store.update(key, &mut |current| {
-        let ctx = &ctx.at_decision();
-        let rec = match current {
-            Current::Free => return Ok(Decision::keep(Renew::NotHeld { corrupt: false })),
-            Current::Corrupt(_) => return Ok(Decision::keep(Renew::NotHeld { corrupt: true })),
-            Current::Held(rec) => rec,
-        };
-        if let Some(t) = token
-            && !rec.token_matches(t)
-        {
-            let mut ev = event(EventKind::Refused, key, ctx, Some(&rec.holder));
-            ev.reason = Some("renew with a token that does not hold the lock".into());
-            ev.previous = Some(rec.holder.clone());
-            return Ok(Decision {
-                change: Change::Keep,
-                events: vec![ev],
-                value: Renew::NotOwner {
-                    holder: rec.holder.clone(),
-                },
-            });
-        }
-        let was_expired = lease::stale_reason(&rec.holder, &ctx.now).is_some();
-        let ttl = ttl.unwrap_or(rec.holder.ttl);
-        let term = lease::term(&ctx.now, ttl);
-        let mut new = rec.clone();
-        new.holder.expires = term.expires;
-        new.holder.renewed = Some(term.start);
-        new.holder.ttl = ttl;
-        // The record keeps its acquirer's identity; the boot-clock deadline
-        // is renewed only by a renewer on that same clock.
-        new.holder.deadline_boot_ms = lease::renewed_deadline(&rec.holder, &ctx.now, &term);
-        let mut ev = event(EventKind::Renewed, key, ctx, Some(&new.holder));
-        if was_expired {
-            ev.reason = Some("was_expired".into());
-        }
-        Ok(Decision {
-            change: Change::Rewrite(new.clone()),
-            events: vec![ev],
-            value: Renew::Renewed {
-                holder: new.holder,
-                was_expired,
-            },
-        })
+        Ok(decide_renew(current, key, token, ttl, &ctx.at_decision()))
     })?;
     // The record as the store wrote it: a network store reports the lease it
-    // was granted (etcd raises a short ttl to its minimum), SPEC §8.
+    // was granted (etcd raises a short ttl to its minimum), SPEC §8; its
+    // `expires_in` is counted on the clock reading the decision was made at.
     Ok(match (committed.value, committed.written) {
-        (Renew::Renewed { was_expired, .. }, Some(written)) => Renew::Renewed {
-            holder: written.holder,
-            was_expired,
-        },
-        (value, _) => value,
+        (Renewing::Renewed { was_expired, now }, Some(written)) => {
+            let holder = written.holder();
+            Renew::Renewed {
+                expires_in: lease::expires_in(&holder, &now),
+                holder,
+                was_expired,
+            }
+        }
+        (Renewing::Renewed { .. }, None) => {
+            return Err(crate::error::Error::Internal(
+                "renew committed without a record".into(),
+            ));
+        }
+        (Renewing::Other(value), _) => value,
     })
+}
+
+fn decide_release(
+    current: &Current,
+    key: &LockKey,
+    token: Option<&str>,
+    force: bool,
+    ctx: &Context,
+) -> Decision<Release> {
+    let holder = match current {
+        Current::Free => return Decision::keep(Release::NotHeld),
+        Current::Corrupt(_) => None,
+        Current::Held(seen) => Some(&seen.record),
+    };
+    let matches = match (token, holder) {
+        (None, _) => true,
+        (Some(t), Some(rec)) => rec.token_matches(t),
+        (Some(_), None) => false,
+    };
+    let shown = holder.map(|r| r.holder.clone());
+    if !matches && !force {
+        let mut ev = event(EventKind::Refused, key, ctx, shown.as_ref());
+        ev.reason = Some("release with a token that does not hold the lock".into());
+        ev.previous.clone_from(&shown);
+        return Decision::keep(Release::Refused { holder: shown }).with_event(ev);
+    }
+    let forced = force && !(token.is_some() && matches);
+    let kind = if forced {
+        EventKind::ForcedRelease
+    } else {
+        EventKind::Released
+    };
+    let mut ev = event(kind, key, ctx, shown.as_ref());
+    ev.previous.clone_from(&shown);
+    if holder.is_none() {
+        ev.reason = Some("corrupt".into());
+    }
+    Decision::new(
+        Change::Delete,
+        Release::Released {
+            holder: shown,
+            forced,
+        },
+    )
+    .with_event(ev)
 }
 
 /// Removes a lock (SPEC §2.3).
@@ -395,46 +498,7 @@ pub fn release<S: Store>(
     ctx: &Context,
 ) -> Result<Release> {
     let committed = store.update(key, &mut |current| {
-        let holder = match current {
-            Current::Free => return Ok(Decision::keep(Release::NotHeld)),
-            Current::Corrupt(_) => None,
-            Current::Held(rec) => Some(rec),
-        };
-        let matches = match (token, holder) {
-            (None, _) => true,
-            (Some(t), Some(rec)) => rec.token_matches(t),
-            (Some(_), None) => false,
-        };
-        let shown = holder.map(|r| r.holder.clone());
-        if !matches && !force {
-            let mut ev = event(EventKind::Refused, key, ctx, shown.as_ref());
-            ev.reason = Some("release with a token that does not hold the lock".into());
-            ev.previous.clone_from(&shown);
-            return Ok(Decision {
-                change: Change::Keep,
-                events: vec![ev],
-                value: Release::Refused { holder: shown },
-            });
-        }
-        let forced = force && !(token.is_some() && matches);
-        let kind = if forced {
-            EventKind::ForcedRelease
-        } else {
-            EventKind::Released
-        };
-        let mut ev = event(kind, key, ctx, shown.as_ref());
-        ev.previous.clone_from(&shown);
-        if holder.is_none() {
-            ev.reason = Some("corrupt".into());
-        }
-        Ok(Decision {
-            change: Change::Delete,
-            events: vec![ev],
-            value: Release::Released {
-                holder: shown,
-                forced,
-            },
-        })
+        Ok(decide_release(current, key, token, force, ctx))
     })?;
     Ok(committed.value)
 }
@@ -447,7 +511,31 @@ pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<State
     let current = store.read(key)?;
     // The clock is read after the store answered: time spent connecting
     // (a network store's failover) is never counted as lease left.
-    Ok(judge(&current, &ctx.at_decision()))
+    Ok(judge(&current, &ctx.at_decision().now))
+}
+
+/// Visits every lock of `store` in `list`'s order (SPEC §2.5), judged at
+/// the command's clock reading, one at a time as the store reads them (a
+/// lock that turned out free is left out); returns the tombstones seen.
+///
+/// # Errors
+/// Store I/O failure, or an error returned by `visit`.
+pub fn list<S: Store>(
+    store: &S,
+    ctx: &Context,
+    visit: &mut dyn FnMut(Entry) -> Result<()>,
+) -> Result<usize> {
+    store.visit_locks(&mut |listed| {
+        let state = judge(&listed.current, &ctx.now);
+        if state == State::Free {
+            return Ok(());
+        }
+        visit(Entry {
+            key: listed.key,
+            location: listed.location,
+            state,
+        })
+    })
 }
 
 /// Does `token` hold a live lease on `key`? Read-only (SPEC §2.6).
@@ -456,19 +544,19 @@ pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<State
 /// Store I/O failure.
 pub fn check<S: Store>(store: &S, key: &LockKey, token: &str, ctx: &Context) -> Result<Check> {
     let current = store.read(key)?;
-    let ctx = &ctx.at_decision();
-    Ok(match (&current, judge(&current, ctx)) {
+    let now = &ctx.at_decision().now;
+    Ok(match (&current, judge(&current, now)) {
         (Current::Free, _) | (Current::Held(_), State::Free) => Check::NotHeld,
         (Current::Corrupt(_), _) => Check::NotOwner { holder: None },
-        (Current::Held(rec), _) if !rec.token_matches(token) => Check::NotOwner {
-            holder: Some(rec.holder.clone()),
+        (Current::Held(seen), _) if !seen.record.token_matches(token) => Check::NotOwner {
+            holder: Some(seen.holder().clone()),
         },
         (Current::Held(_), State::Held { holder, expires_in }) => {
             Check::Held { holder, expires_in }
         }
-        (Current::Held(rec), State::Stale { reason, .. }) => Check::Expired {
+        (Current::Held(seen), State::Stale { reason, .. }) => Check::Expired {
             reason,
-            holder: rec.holder.clone(),
+            holder: seen.holder().clone(),
         },
     })
 }
@@ -484,7 +572,7 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-    use crate::store::{Committed, Listed, Listing};
+    use crate::store::{Committed, Listed, Seen, Written};
 
     /// A store in memory: one map of locks, fences that survive release, a history.
     #[derive(Default)]
@@ -528,12 +616,8 @@ mod tests {
             decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
         ) -> Result<Committed<T>> {
             let name = key.name();
-            let Decision {
-                change,
-                mut events,
-                value,
-            } = decide(&self.read(key)?)?;
-            let written = match change {
+            let decision = decide(&self.read(key)?)?;
+            let written = match decision.change.clone() {
                 Change::Keep => None,
                 Change::Create(mut rec) | Change::Takeover(mut rec) => {
                     let mut fences = self.fences.borrow_mut();
@@ -548,17 +632,18 @@ mod tests {
                     None
                 }
             };
+            let fence = written.as_ref().map(|r| r.holder.fence);
             if let Some(rec) = &written {
-                self.put(key, Current::Held(rec.clone()));
-                for ev in events.iter_mut().filter(|e| e.fence.is_none()) {
-                    ev.fence = Some(rec.holder.fence);
-                }
+                self.put(key, Current::Held(Seen::recorded(rec.clone())));
             }
-            self.events.borrow_mut().extend(events);
-            Ok(Committed { value, written })
+            self.events.borrow_mut().extend(decision.events(fence));
+            Ok(Committed {
+                value: decision.value,
+                written: written.map(Written::as_given),
+            })
         }
 
-        fn list(&self) -> Result<Listing> {
+        fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
             let locks = self.locks.borrow();
             let locks = locks
                 .iter()
@@ -570,10 +655,8 @@ mod tests {
                     Ok(Listed::new(key, name.clone(), current.clone()))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(Listing {
-                locks,
-                tombstones: 0,
-            })
+            crate::store::visit_in_order(locks, visit)?;
+            Ok(0)
         }
 
         fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
@@ -720,17 +803,20 @@ mod tests {
         assert_eq!(
             renew(&store, &key(), Some("other"), None, &at(10)).unwrap(),
             Renew::NotOwner {
-                holder: first.clone()
+                holder: first.clone(),
+                expires_in: 50,
             }
         );
         let Renew::Renewed {
             holder,
             was_expired,
+            expires_in,
         } = renew(&store, &key(), Some(&token), Some(100), &at(10)).unwrap()
         else {
             panic!("not renewed")
         };
         assert!(!was_expired);
+        assert_eq!(expires_in, 100, "counted from the decision's clock reading");
         assert_eq!((holder.fence, holder.ttl), (1, 100));
         assert_eq!(holder.expires.0, first.started.0 + 110);
         assert_eq!(holder.renewed.map(|t| t.0), Some(first.started.0 + 10));
@@ -739,6 +825,7 @@ mod tests {
         let Renew::Renewed {
             holder,
             was_expired,
+            ..
         } = renew(&store, &key(), Some(&token), None, &at(500)).unwrap()
         else {
             panic!("not renewed")
@@ -887,6 +974,12 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(store.list().unwrap().locks.len(), 1);
+        let mut listed = Vec::new();
+        list(&store, &on_this_boot(1), &mut |e| {
+            listed.push(e);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(listed.len(), 1);
     }
 }

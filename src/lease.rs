@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::liveness::{self, Origin};
-use crate::record::{Holder, Timestamp};
+use crate::record::{Holder, OwnerRecord, Timestamp};
 
 /// Default lease, seconds.
 pub const DEFAULT_TTL: u64 = 7200;
@@ -149,6 +149,136 @@ pub fn renewed_deadline(holder: &Holder, now: &Now, term: &Term) -> Option<u64> 
         .filter(|_| same_boot_clock(holder, now))
 }
 
+/// How far this host may judge a record's owner (SPEC §6 "owner_dead").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// Its pids, boot and namespaces can be compared with this host's: a
+    /// dead owner (or a `run` group still alive) is judged here.
+    Comparable,
+    /// Recorded by another boot or machine on a store several machines
+    /// share, where a hostname or machine id proves nothing: only its lease
+    /// judges it, and no pid of it is ever looked up here.
+    Foreign,
+}
+
+/// When a held lock's lease ends, as the store that keeps it knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// The record's own terms: its boot-clock deadline on that same clock,
+    /// else its `expires` on the wall clock.
+    Recorded,
+    /// This wall-clock second, whatever the record says: `expires` plus a
+    /// clock-skew allowance (git), or the end of the cluster's lease (etcd).
+    Wall(Timestamp),
+}
+
+/// A readable lock as a store saw it: the record exactly as stored, and
+/// how the store says it is judged. Stores never edit the record to steer
+/// the judgement; they say so here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The owner record as stored (its fence the lock's).
+    pub record: OwnerRecord,
+    /// When its lease ends.
+    pub lease_end: LeaseEnd,
+    /// Whether its owner can be judged here.
+    pub identity: Identity,
+}
+
+impl Seen {
+    /// A record judged by its own terms, its owner comparable here (the
+    /// file store: one machine).
+    #[must_use]
+    pub fn recorded(record: OwnerRecord) -> Self {
+        Self {
+            record,
+            lease_end: LeaseEnd::Recorded,
+            identity: Identity::Comparable,
+        }
+    }
+
+    /// Its holder.
+    #[must_use]
+    pub fn holder(&self) -> &Holder {
+        &self.record.holder
+    }
+}
+
+/// The verdict on a readable lock at one clock reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A live lease with `expires_in` seconds left.
+    Live {
+        /// Seconds left, rounded up.
+        expires_in: u64,
+    },
+    /// The next acquire takes it over.
+    Stale {
+        /// Why.
+        reason: StaleReason,
+        /// Seconds left on the lease (0 when expired; None when the lease
+        /// itself is impossible).
+        expires_in: Option<u64>,
+    },
+}
+
+/// Judges a lock a store saw (SPEC §6): an impossible lease is corrupt;
+/// otherwise expired, owner gone (only where its identity is comparable), or live.
+#[must_use]
+pub fn verdict(seen: &Seen, now: &Now) -> Verdict {
+    verdict_at(seen, now, Origin::here())
+}
+
+/// [`verdict`] judged from the given origin (tests pass another one).
+#[must_use]
+pub fn verdict_at(seen: &Seen, now: &Now, here: &Origin) -> Verdict {
+    let left = seen_remaining_ms(seen, now);
+    let limit = i64::try_from((MAX_TTL + FUTURE_SLACK_SECS) * 1000).unwrap_or(i64::MAX);
+    if left > limit {
+        return Verdict::Stale {
+            reason: StaleReason::Corrupt,
+            expires_in: None,
+        };
+    }
+    let expires_in = ceil_secs(left);
+    let holder = seen.holder();
+    let reason = match seen.identity {
+        Identity::Foreign => (left <= 0).then_some(StaleReason::Expired),
+        Identity::Comparable if liveness::group_verdict(holder, here) == Some(true) => None,
+        Identity::Comparable if left <= 0 => Some(StaleReason::Expired),
+        Identity::Comparable => {
+            liveness::owner_gone(holder, here).then_some(StaleReason::OwnerDead)
+        }
+    };
+    match reason {
+        None => Verdict::Live { expires_in },
+        Some(reason) => Verdict::Stale {
+            reason,
+            expires_in: Some(expires_in),
+        },
+    }
+}
+
+/// Milliseconds left on the lease of a lock a store saw.
+#[must_use]
+pub fn seen_remaining_ms(seen: &Seen, now: &Now) -> i64 {
+    match seen.lease_end {
+        LeaseEnd::Recorded => remaining_ms(seen.holder(), now),
+        LeaseEnd::Wall(end) => end.0.saturating_mul(1000).saturating_sub(now.wall_ms),
+    }
+}
+
+/// Whole seconds left on the lease of a lock a store saw, rounded up,
+/// never negative.
+#[must_use]
+pub fn seen_expires_in(seen: &Seen, now: &Now) -> u64 {
+    ceil_secs(seen_remaining_ms(seen, now))
+}
+
+fn ceil_secs(ms: i64) -> u64 {
+    u64::try_from(ms.max(0)).unwrap_or(0).div_ceil(1000)
+}
+
 /// Milliseconds left on a lease (zero or less: expired).
 #[must_use]
 pub fn remaining_ms(holder: &Holder, now: &Now) -> i64 {
@@ -204,8 +334,7 @@ pub fn stale_reason_at(holder: &Holder, now: &Now, here: &Origin) -> Option<Stal
 /// Whole seconds left, rounded up (a live lease shows at least 1), never negative.
 #[must_use]
 pub fn expires_in(holder: &Holder, now: &Now) -> u64 {
-    let ms = remaining_ms(holder, now).max(0);
-    u64::try_from(ms).unwrap_or(0).div_ceil(1000)
+    ceil_secs(remaining_ms(holder, now))
 }
 
 #[cfg(test)]

@@ -13,13 +13,12 @@ use std::io::{BufWriter, Write};
 
 use serde::Serialize;
 
-use crate::engine::{self, Acquire, Check, Context, Release, Renew, State, TookOver};
+use crate::engine::{self, Acquire, Check, Context, Entry, Release, Renew, State, TookOver};
 use crate::error::Error;
 use crate::history::Event;
 use crate::key::LockKey;
-use crate::lease::{self, Now};
 use crate::record::{Holder, Timestamp};
-use crate::store::{Listed, Store};
+use crate::store::Store;
 
 /// How an invocation exits (SPEC §2 "Exit status").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -392,9 +391,7 @@ impl Report {
             | Self::History(_) => ExitStatus::Success,
             Self::AlreadyRunning(_) => ExitStatus::AlreadyRunning,
             Self::Ran(r) => ExitStatus::Ran(r.exit_status),
-            Self::Interrupted(r) => {
-                ExitStatus::Interrupted(128u8.saturating_add(u8::try_from(r.signal).unwrap_or(0)))
-            }
+            Self::Interrupted(r) => ExitStatus::Interrupted(crate::signals::exit_status(r.signal)),
             Self::RenewNotOwner(_)
             | Self::RenewNotHeld(_)
             | Self::Refused(_)
@@ -473,13 +470,14 @@ impl Report {
         })
     }
 
-    /// The object of a renew judged at `now`.
+    /// The object of a renew.
     #[must_use]
-    pub fn renew(outcome: Renew, about: About, now: &Now) -> Self {
+    pub fn renew(outcome: Renew, about: About) -> Self {
         match outcome {
             Renew::Renewed {
                 holder,
                 was_expired,
+                expires_in,
             } => Self::Renewed(Renewed {
                 about,
                 expires: holder.expires,
@@ -487,12 +485,12 @@ impl Report {
                 ttl: holder.ttl,
                 fence: holder.fence,
                 was_expired,
-                expires_in: lease::expires_in(&holder, now),
+                expires_in,
             }),
-            Renew::NotOwner { holder } => Self::RenewNotOwner(RenewNotOwner {
+            Renew::NotOwner { holder, expires_in } => Self::RenewNotOwner(RenewNotOwner {
                 about,
-                expires_in: lease::expires_in(&holder, now),
                 holder,
+                expires_in,
             }),
             Renew::NotHeld { corrupt } => Self::RenewNotHeld(RenewNotHeld {
                 about,
@@ -571,18 +569,42 @@ impl Report {
         v
     }
 
-    /// Prints the object on stdout (or stderr for `run`) and returns its exit
-    /// status. A closed pipe is not an error.
+    /// Prints the object on `channel` and returns its exit status. A
+    /// closed pipe is not an error.
     #[must_use = "the exit status is the process's"]
-    pub fn emit(&self, to_stderr: bool) -> ExitStatus {
+    pub fn emit(&self, channel: Channel) -> ExitStatus {
         let line = self.to_line();
-        let _ = if to_stderr {
-            std::io::stderr().lock().write_all(&line)
-        } else {
-            let mut out = stdout();
-            out.write_all(&line).and_then(|()| out.flush())
+        let _ = match channel {
+            Channel::Stderr => std::io::stderr().lock().write_all(&line),
+            Channel::Stdout => {
+                let mut out = stdout();
+                out.write_all(&line).and_then(|()| out.flush())
+            }
         };
         self.exit_status()
+    }
+}
+
+/// Where an invocation's one object goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Standard output: every command but `run`.
+    Stdout,
+    /// Standard error: `run`'s (CMD owns standard output, SPEC §2.7), and
+    /// an error that arrives after part of a `list` reached standard output.
+    Stderr,
+}
+
+impl Channel {
+    /// The channel of an invocation whose command word is `command`: the
+    /// one place that chooses.
+    #[must_use]
+    pub fn of_command(command: Option<&str>) -> Self {
+        if command == Some("run") {
+            Self::Stderr
+        } else {
+            Self::Stdout
+        }
     }
 }
 
@@ -613,17 +635,13 @@ impl<W: Write> ListWriter<W> {
         Ok(Self { out, first: true })
     }
 
-    /// Judges one lock and writes it (a lock that turned out free is left out).
-    fn entry(&mut self, listed: Listed, ctx: &Context) -> std::io::Result<()> {
-        let state = LockState::from(engine::judge(&listed.current, ctx));
-        if matches!(state, LockState::Free) {
-            return Ok(());
-        }
+    /// Writes one judged lock.
+    fn entry(&mut self, judged: Entry) -> std::io::Result<()> {
         let entry = ListEntry {
-            skill: listed.key.skill().to_owned(),
-            repo: listed.key.repo().to_owned(),
-            state,
-            lock: listed.location,
+            skill: judged.key.skill().to_owned(),
+            repo: judged.key.repo().to_owned(),
+            state: LockState::from(judged.state),
+            lock: judged.location,
         };
         if !self.first {
             self.out.write_all(b",")?;
@@ -658,9 +676,9 @@ impl<W: Write> Write for Counted<W> {
     }
 }
 
-/// Prints the `list` object of `store` on stdout, judging each lock with
-/// `ctx` as it is read, and returns its exit status. A closed pipe is not an
-/// error.
+/// Prints the `list` object of `store` on stdout, each lock as the engine
+/// judges it (at `ctx`) and hands it over, and returns its exit status. A
+/// closed pipe is not an error.
 ///
 /// # Errors
 /// A store failure before any byte reached stdout (the caller prints the
@@ -676,8 +694,8 @@ pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error
         return Ok(ExitStatus::Success);
     };
     let mut closed = false;
-    let visited = store.visit_locks(&mut |lock| {
-        list.entry(lock, ctx).map_err(|e| {
+    let visited = engine::list(store, ctx, &mut |judged| {
+        list.entry(judged).map_err(|e| {
             closed = true;
             Error::io("write", "standard output", e)
         })
@@ -694,7 +712,7 @@ pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error
                 return Err(err);
             }
             let _ = stdout.write_all(b"\n");
-            Ok(Report::error(&err, None).emit(true))
+            Ok(Report::error(&err, None).emit(Channel::Stderr))
         }
     }
 }

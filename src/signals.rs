@@ -108,6 +108,14 @@ pub fn send_group(pgid: u32, sig: libc::c_int) -> bool {
     }
 }
 
+/// The exit status of a process a signal ended (or of `run` that such a
+/// signal interrupted): 128 + the signal's number, the shell's convention.
+/// The one place it is computed.
+#[must_use]
+pub fn exit_status(sig: libc::c_int) -> u8 {
+    u8::try_from(128 + sig.clamp(0, 127)).unwrap_or(u8::MAX)
+}
+
 /// The name of a forwarded signal, for messages.
 #[must_use]
 pub fn name(sig: libc::c_int) -> &'static str {

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use crate::engine::{self, Acquire, AcquireRequest, Clock, Context};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::lease;
 use crate::store::Store;
 
 /// Sleeps between attempts of `--wait`: doubling from 10 ms to 250 ms, each
@@ -98,7 +97,7 @@ pub fn acquire_interruptible(
         let began = crate::clock::lease_clock();
         let ctx = Context::with_clock(clock.clone());
         let outcome = engine::acquire(store, key, req, &ctx)?;
-        let Acquire::AlreadyRunning { holder, .. } = &outcome else {
+        let Acquire::AlreadyRunning { expires_in, .. } = &outcome else {
             return Ok(Waited::Done { outcome, began });
         };
         if Instant::now() >= deadline {
@@ -106,7 +105,9 @@ pub fn acquire_interruptible(
         }
         // A `run` group still alive holds its lock past `expires`: then
         // the lease end tells nothing, and the back-off alone paces.
-        let left = Some(lease::remaining_ms(holder, &ctx.now)).filter(|ms| *ms > 0);
+        let left = i64::try_from(expires_in.saturating_mul(1000))
+            .ok()
+            .filter(|ms| *ms > 0);
         if let Some(sig) = pause(backoff(attempt, left, deadline)) {
             return Ok(Waited::Interrupted(sig));
         }

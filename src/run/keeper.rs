@@ -334,7 +334,9 @@ pub fn main_if_keeper() -> Option<ExitCode> {
         let err = crate::error::Error::Usage(format!(
             "{KEEPER_ARG} is the keeper of `skill-lock run` and is started only by it; use `skill-lock run`"
         ));
-        ExitCode::from(crate::output::Report::error(&err, None).emit(false).code())
+        ExitCode::from(crate::output::Report::error(&err, None)
+                .emit(crate::output::Channel::Stdout)
+                .code())
     }))
 }
 

@@ -364,13 +364,13 @@ fn ran(
     let signal = status.and_then(|s| s.signal());
     let code = status.and_then(|s| s.code());
     let exit_status = match (lost, code, signal) {
-        (true, _, Some(s)) | (false, None, Some(s)) => 128 + s,
-        (true, _, None) => 128 + stopped_with.unwrap_or(libc::SIGTERM),
-        (false, Some(c), _) => c & 0xff,
+        (true, _, Some(s)) | (false, None, Some(s)) => crate::signals::exit_status(s),
+        (true, _, None) => crate::signals::exit_status(stopped_with.unwrap_or(libc::SIGTERM)),
+        (false, Some(c), _) => u8::try_from(c & 0xff).unwrap_or(1),
         (false, None, None) => 1,
     };
     Ran {
-        exit_status: u8::try_from(exit_status & 0xff).unwrap_or(1),
+        exit_status,
         signal: signal.or(if lost { stopped_with } else { None }),
         lost,
         renewals,
@@ -475,7 +475,7 @@ fn watch(
                     keeper.arm(renewer.stop_at());
                     renewals += 1;
                 }
-                Ok(Renew::NotOwner { holder }) => {
+                Ok(Renew::NotOwner { holder, .. }) => {
                     eprintln!(
                         "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
                         holder.host, holder.owner_pid, holder.fence

@@ -22,6 +22,7 @@ pub mod git;
 use crate::error::Result;
 use crate::history::Event;
 use crate::key::LockKey;
+pub use crate::lease::{Identity, LeaseEnd, Seen};
 use crate::record::OwnerRecord;
 
 /// What a store holds for one lock at one moment.
@@ -31,10 +32,21 @@ use crate::record::OwnerRecord;
 pub enum Current {
     /// No lock.
     Free,
-    /// A readable record.
-    Held(OwnerRecord),
+    /// A readable record, and how the store says it is judged.
+    Held(Seen),
     /// Something is there, but no readable record (why).
     Corrupt(String),
+}
+
+impl Current {
+    /// The record, when one is readable.
+    #[must_use]
+    pub fn record(&self) -> Option<&OwnerRecord> {
+        match self {
+            Self::Held(seen) => Some(&seen.record),
+            Self::Free | Self::Corrupt(_) => None,
+        }
+    }
 }
 
 /// The change a decision asks for.
@@ -42,9 +54,11 @@ pub enum Current {
 pub enum Change {
     /// Change nothing.
     Keep,
-    /// Create the lock (it was free). The store assigns the fence.
+    /// Create the lock (it was free) with this record; the store assigns
+    /// the fence (the record's is not read) and reports it in [`Written`].
     Create(OwnerRecord),
-    /// Replace a stale or corrupt lock through a tombstone. The store assigns the fence.
+    /// Replace a stale or corrupt lock with this record; the store assigns
+    /// the fence, as for [`Change::Create`].
     Takeover(OwnerRecord),
     /// Replace the record of the same holder (renewal); the fence is kept.
     Rewrite(OwnerRecord),
@@ -57,9 +71,12 @@ pub enum Change {
 pub struct Decision<T> {
     /// What to change.
     pub change: Change,
-    /// Events to append in the same critical section; an event whose `fence`
-    /// is `None` receives the fence the store assigned to the new record.
-    pub events: Vec<Event>,
+    /// Events to append in the same critical section, in order; see
+    /// [`Decision::events`].
+    events: Vec<Event>,
+    /// Which of `events` are about the lock the change creates (they carry
+    /// its fence, which only the store knows).
+    new_lock: Vec<bool>,
     /// The caller's outcome.
     pub value: T,
 }
@@ -67,11 +84,90 @@ pub struct Decision<T> {
 impl<T> Decision<T> {
     /// A decision that changes nothing and records nothing.
     pub fn keep(value: T) -> Self {
+        Self::new(Change::Keep, value)
+    }
+
+    /// A decision to make `change`, with no events yet.
+    pub fn new(change: Change, value: T) -> Self {
         Self {
-            change: Change::Keep,
+            change,
             events: Vec::new(),
+            new_lock: Vec::new(),
             value,
         }
+    }
+
+    /// Adds an event about the lock as it was (its fence is set already).
+    #[must_use]
+    pub fn with_event(mut self, event: Event) -> Self {
+        self.events.push(event);
+        self.new_lock.push(false);
+        self
+    }
+
+    /// Adds an event about the lock the change creates: it gets that lock's fence.
+    #[must_use]
+    pub fn with_new_lock_event(mut self, event: Event) -> Self {
+        self.events.push(event);
+        self.new_lock.push(true);
+        self
+    }
+
+    /// True when the decision records nothing.
+    #[must_use]
+    pub fn is_silent(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The events to append, once the store knows the fence of the lock the
+    /// change creates (`None`: not known at write time, e.g. etcd, whose
+    /// fence is the transaction's revision; the store then tells it on read).
+    #[must_use]
+    pub fn events(&self, fence: Option<u64>) -> Vec<Event> {
+        self.events
+            .iter()
+            .zip(&self.new_lock)
+            .map(|(ev, &new)| {
+                let mut ev = ev.clone();
+                if new {
+                    ev.fence = fence;
+                }
+                ev
+            })
+            .collect()
+    }
+}
+
+/// What a store wrote for a change that writes a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The record as stored (a network store stamps the lease it was
+    /// granted: `expires`, `ttl`).
+    pub record: OwnerRecord,
+    /// The lock's fence.
+    pub fence: u64,
+    /// The lease granted, seconds (a network store may raise a short one).
+    pub granted_ttl: u64,
+}
+
+impl Written {
+    /// What a store that writes the record as given (with its fence) wrote.
+    #[must_use]
+    pub fn as_given(record: OwnerRecord) -> Self {
+        Self {
+            fence: record.holder.fence,
+            granted_ttl: record.holder.ttl,
+            record,
+        }
+    }
+
+    /// The holder as written, with the fence and the ttl granted.
+    #[must_use]
+    pub fn holder(self) -> crate::record::Holder {
+        let mut holder = self.record.holder;
+        holder.fence = self.fence;
+        holder.ttl = self.granted_ttl;
+        holder
     }
 }
 
@@ -80,11 +176,11 @@ impl<T> Decision<T> {
 pub struct Committed<T> {
     /// The caller's outcome.
     pub value: T,
-    /// The record as written (with its fence), for Create/Takeover/Rewrite.
-    pub written: Option<OwnerRecord>,
+    /// What was written, for Create/Takeover/Rewrite.
+    pub written: Option<Written>,
 }
 
-/// One lock seen by [`Store::list`].
+/// One lock seen by [`Store::visit_locks`].
 #[derive(Debug, Clone)]
 pub struct Listed {
     /// The lock's key (repo as recorded, or lowercase when unreadable).
@@ -100,12 +196,12 @@ impl Listed {
     /// knows the lowercase repo), or by its name when the record is unreadable.
     #[must_use]
     pub fn new(key: LockKey, location: String, current: Current) -> Self {
-        let key = match &current {
-            Current::Held(r) => LockKey::new(&r.holder.skill, &r.holder.repo)
+        let key = match current.record() {
+            Some(r) => LockKey::new(&r.holder.skill, &r.holder.repo)
                 .ok()
                 .filter(|k| k.same_lock(&key))
                 .unwrap_or(key),
-            _ => key,
+            None => key,
         };
         Self {
             key,
@@ -122,16 +218,27 @@ pub fn list_order(key: &LockKey) -> (String, String) {
     (key.skill().to_owned(), key.repo().to_ascii_lowercase())
 }
 
-/// Everything [`Store::list`] saw.
-#[derive(Debug, Clone)]
-pub struct Listing {
-    /// Locks in no particular order.
-    pub locks: Vec<Listed>,
-    /// Leftovers of takeovers and releases.
-    pub tombstones: usize,
+/// Hands `locks` to `visit` in `list`'s order: for a store that reads
+/// every lock in one request anyway (a network store).
+///
+/// # Errors
+/// An error returned by `visit`.
+pub fn visit_in_order(
+    mut locks: Vec<Listed>,
+    visit: &mut dyn FnMut(Listed) -> Result<()>,
+) -> Result<()> {
+    locks.sort_by_cached_key(|l| list_order(&l.key));
+    locks.into_iter().try_for_each(visit)
 }
 
 /// A place that keeps locks.
+///
+/// The contract both ways: a store shows the engine what it saw
+/// ([`Current`], a readable lock as a [`Seen`]: the record as stored, its
+/// lease end and whether its owner can be judged here) and never edits a
+/// record to steer a judgement; it applies the decision's change and
+/// returns what it wrote ([`Written`]), from which the engine builds every
+/// outcome.
 pub trait Store {
     /// Where the store is, for `list` (a directory, or a URL).
     fn describe(&self) -> String;
@@ -165,30 +272,13 @@ pub trait Store {
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
     ) -> Result<Committed<T>>;
 
-    /// Every lock in the store.
-    ///
-    /// # Errors
-    /// I/O or network failure.
-    fn list(&self) -> Result<Listing>;
-
     /// Visits every lock in the store in `list`'s order (skill, then repo
-    /// compared case-insensitively), one at a time, and returns how many
-    /// tombstones it saw. A store that can read its locks one by one
-    /// overrides this so that the locks are never all in memory at once.
+    /// compared case-insensitively), one at a time, never holding them all
+    /// in memory, and returns how many tombstones it saw.
     ///
     /// # Errors
     /// I/O or network failure, or an error returned by `visit`.
-    fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
-        let Listing {
-            mut locks,
-            tombstones,
-        } = self.list()?;
-        locks.sort_by_cached_key(|l| list_order(&l.key));
-        for lock in locks {
-            visit(lock)?;
-        }
-        Ok(tombstones)
-    }
+    fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize>;
 
     /// The newest `limit` events, oldest first, for one lock or all.
     ///
@@ -246,10 +336,6 @@ impl Store for AnyStore {
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
     ) -> Result<Committed<T>> {
         each_store!(self, s => s.update(key, decide))
-    }
-
-    fn list(&self) -> Result<Listing> {
-        each_store!(self, s => s.list())
     }
 
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {

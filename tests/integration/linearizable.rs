@@ -977,7 +977,7 @@ mod planted {
     use skill_lock::error::Result;
     use skill_lock::history::Event;
     use skill_lock::key::LockKey;
-    use skill_lock::store::{Change, Committed, Current, Decision, Listing, Store};
+    use skill_lock::store::{Change, Committed, Current, Decision, Listed, Seen, Store, Written};
 
     /// Locks in memory; `cas: false` decides on a read and writes without
     /// checking that the lock is still as it read it (no compare-and-swap).
@@ -1019,7 +1019,7 @@ mod planted {
                 g = self.state.lock().unwrap();
                 d
             };
-            let written = match decision.change {
+            let written = match decision.change.clone() {
                 Change::Keep => None,
                 Change::Create(mut r) | Change::Takeover(mut r) => {
                     g.1 += 1;
@@ -1033,19 +1033,16 @@ mod planted {
                 }
             };
             if let Some(r) = &written {
-                g.0.insert(name, Current::Held(r.clone()));
+                g.0.insert(name, Current::Held(Seen::recorded(r.clone())));
             }
             Ok(Committed {
                 value: decision.value,
-                written,
+                written: written.map(Written::as_given),
             })
         }
 
-        fn list(&self) -> Result<Listing> {
-            Ok(Listing {
-                locks: Vec::new(),
-                tombstones: 0,
-            })
+        fn visit_locks(&self, _: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
+            Ok(0)
         }
 
         fn history(&self, _: Option<&LockKey>, _: usize) -> Result<Vec<Event>> {
@@ -1084,7 +1081,7 @@ mod planted {
                         fence: holder.fence,
                         expires_ms: ms(holder.expires),
                     },
-                    Renew::NotOwner { holder } => Ret::NotOwner {
+                    Renew::NotOwner { holder, .. } => Ret::NotOwner {
                         fence: Some(holder.fence),
                     },
                     Renew::NotHeld { .. } => Ret::NotHeld { ret_ms: wall_ms() },

@@ -38,7 +38,9 @@ use crate::history::Event;
 use crate::key::LockKey;
 use crate::lease::Now;
 use crate::record::{OwnerRecord, Timestamp, random_suffix};
-use crate::store::{Change, Committed, Current, Decision, Listed, Listing, Store};
+use crate::store::{
+    Change, Committed, Current, Decision, Identity, LeaseEnd, Listed, Seen, Store, Written,
+};
 
 /// Default time within which a command must get an answer.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -350,7 +352,7 @@ enum View {
 }
 
 /// A lock key as read: state, revisions, lease and the stored bytes.
-struct Seen {
+struct KeyState {
     current: Current,
     mod_revision: i64,
     create_revision: i64,
@@ -387,12 +389,12 @@ fn lease_end(ttl: i64, granted: i64, view: View, before: &Now, after: &Now) -> T
 }
 
 /// Reads one key; a leased record's expiry is the cluster's (see [`View`]).
-async fn read_key(client: &mut Client, k: &str, view: View) -> Result<Seen, CallError> {
+async fn read_key(client: &mut Client, k: &str, view: View) -> Result<KeyState, CallError> {
     let before = Now::read();
     let resp = client.range(client::get(k)).await?;
     let revision = resp.header.map_or(0, |h| h.revision);
     let Some(kv) = resp.kvs.into_iter().next() else {
-        return Ok(Seen {
+        return Ok(KeyState {
             current: Current::Free,
             mod_revision: 0,
             create_revision: 0,
@@ -409,15 +411,20 @@ async fn read_key(client: &mut Client, k: &str, view: View) -> Result<Seen, Call
             revisions_never_went_back(rec.holder.fence, revision)?;
             // A key with no lease (another tool, an older record) is judged
             // by its own `expires`, like any record.
-            if kv.lease != 0 {
+            let lease_end = if kv.lease == 0 {
+                LeaseEnd::Recorded
+            } else {
                 let (ttl, granted) = client.lease_ttl(kv.lease).await?;
-                rec.holder.expires = lease_end(ttl, granted, view, &before, &Now::read());
-                rec.holder.deadline_boot_ms = None;
-            }
-            Current::Held(rec)
+                LeaseEnd::Wall(lease_end(ttl, granted, view, &before, &Now::read()))
+            };
+            Current::Held(Seen {
+                record: rec,
+                lease_end,
+                identity: Identity::Comparable,
+            })
         }
     };
-    Ok(Seen {
+    Ok(KeyState {
         current,
         mod_revision: kv.mod_revision,
         create_revision: kv.create_revision,
@@ -545,10 +552,10 @@ struct Pending<T> {
 
 impl<T> Pending<T> {
     /// Does `seen` show that the transaction took effect?
-    fn landed(&self, seen: &Seen) -> bool {
+    fn landed(&self, seen: &KeyState) -> bool {
         match self.kind {
-            Kind::Acquisition => match (&seen.current, &self.record) {
-                (Current::Held(now), Some(ours)) => now.token_sha256 == ours.token_sha256,
+            Kind::Acquisition => match (seen.current.record(), &self.record) {
+                (Some(now), Some(ours)) => now.token_sha256 == ours.token_sha256,
                 _ => false,
             },
             Kind::Rewrite => self.bytes.as_deref() == Some(seen.value.as_slice()),
@@ -561,14 +568,21 @@ impl<T> Pending<T> {
     /// The record as it landed: the one written (with the lease times this
     /// host computed, never the reader's view of them), its fence the key's
     /// revision when it was a new acquisition.
-    fn written(&self, seen: &Seen) -> Option<OwnerRecord> {
-        self.record.clone().map(|mut r| {
-            if r.holder.fence == 0 {
-                r.holder.fence = u64::try_from(seen.mod_revision).unwrap_or(0);
-            }
-            r
-        })
+    fn written(&self, seen: &KeyState) -> Option<Written> {
+        written(self.record.clone(), seen.mod_revision)
     }
+}
+
+/// What a change wrote: the record (with the lease times this host
+/// computed from the grant), its fence the key's revision `revision` after
+/// the change when it was a new acquisition.
+fn written(record: Option<OwnerRecord>, revision: i64) -> Option<Written> {
+    record.map(|mut r| {
+        if r.holder.fence == 0 {
+            r.holder.fence = u64::try_from(revision).unwrap_or(0);
+        }
+        Written::as_given(r)
+    })
 }
 
 /// An acquisition written on the short lease, to be moved onto a lease of
@@ -646,6 +660,16 @@ impl Granted {
     }
 }
 
+/// The lease a change's record is written on, and the record stamped with it.
+struct Leased {
+    id: i64,
+    record: OwnerRecord,
+    /// An acquisition on the short lease: the ttl it asked for.
+    extend: Option<u64>,
+    /// The `expires` its events say: the lease asked for, from the grant's start.
+    shown: Timestamp,
+}
+
 /// Time for the clean-up after a committed change (old lease, history trim),
 /// within what is left of the command's deadline.
 const CLEANUP: Duration = Duration::from_secs(1);
@@ -658,11 +682,8 @@ fn half_left(deadline: Instant) -> Duration {
 }
 
 impl EtcdStore {
-    /// One read-decide-act round on one connection.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "one read, one decision, one transaction: read top to bottom"
-    )]
+    /// One read-decide-act round on one connection: settle the change
+    /// whose answer was lost, decide, write.
     async fn round<T>(
         &self,
         c: &mut Client,
@@ -674,106 +695,73 @@ impl EtcdStore {
         let seen = read_key(c, k, View::Decision).await?;
         if let Some(p) = pending.take() {
             if p.landed(&seen) {
-                let written = p.written(&seen);
                 let extension = p.extend.map(|ttl| Extension {
                     lease: p.lease,
                     revision: seen.mod_revision,
                     ttl,
                 });
-                return Ok(Round::Done(
-                    Committed {
-                        value: p.value,
-                        written,
-                    },
-                    0,
-                    extension,
-                ));
+                let committed = Committed {
+                    written: p.written(&seen),
+                    value: p.value,
+                };
+                return Ok(Round::Done(committed, 0, extension));
             }
             // It did not land: its lease can go, so that it never can.
             if p.lease != 0 {
                 let _ = c.lease_revoke(p.lease).await;
             }
         }
-        let Decision {
-            change,
-            mut events,
-            value,
-        } = decide(&seen.current).map_err(CallError::Fatal)?;
-        let mut record = match &change {
-            Change::Create(r) | Change::Takeover(r) | Change::Rewrite(r) => Some(r.clone()),
-            Change::Keep | Change::Delete => None,
-        };
-        let acquisition = matches!(change, Change::Create(_) | Change::Takeover(_));
-        let mut extend = None;
-        let lease = match record.as_mut() {
-            Some(rec) => {
-                // A new acquisition longer than the short lease is written on
-                // the short lease first (see `short_ttl`).
-                let wanted = rec.holder.ttl;
-                let short = self.short_ttl();
-                let first = if acquisition && wanted > short {
-                    extend = Some(wanted);
-                    short
-                } else {
-                    wanted
-                };
-                let granted = grant(c, first).await?;
-                granted.stamp(rec);
-                // The events say the lease asked for, from the same start.
-                let shown = Timestamp(granted.expires.0.saturating_add(
-                    i64::try_from(extend.map_or(0, |w| w.saturating_sub(granted.ttl))).unwrap_or(0),
-                ));
-                for ev in &mut events {
-                    ev.expires = Some(shown);
-                }
-                if acquisition {
-                    rec.holder.fence = 0; // the fence is the key's mod_revision
-                }
-                granted.id
+        let decision = decide(&seen.current).map_err(CallError::Fatal)?;
+        let leased = self.lease_for(c, &decision.change).await?;
+        let mut events = decision.events(None);
+        if let Some(l) = &leased {
+            // The events say the lease asked for, from the same start.
+            for ev in &mut events {
+                ev.expires = Some(l.shown);
             }
-            None => 0,
-        };
-        let history = self.history_ops(&mut events, record.as_ref())?;
+        }
+        let history = self.history_ops(&events)?;
+        let record = leased.as_ref().map(|l| &l.record);
+        let lease = leased.as_ref().map_or(0, |l| l.id);
         let plan = plan(
             k,
             seen.mod_revision,
-            &change,
-            record.as_ref(),
+            &decision.change,
+            record,
             lease,
             history,
         )
         .map_err(CallError::Fatal)?;
         let Some(kind) = plan.kind else {
-            // Nothing changes, but the decision may record events (a refusal):
-            // appended under the same guard; a failure to append never fails
-            // the operation itself (SPEC §2.8).
-            if !plan.txn.success.is_empty() {
-                match tokio::time::timeout(half_left(deadline), c.txn(plan.txn)).await {
-                    Ok(Ok(resp)) if !resp.succeeded => return Ok(Round::Again),
-                    _ => {}
-                }
-            }
-            return Ok(Round::Done(
-                Committed {
-                    value,
-                    written: None,
-                },
-                0,
-                None,
-            ));
+            return self
+                .record_only(c, plan.txn, decision.value, deadline)
+                .await;
         };
         // From here until its answer, the outcome is unknown (the answer may
         // be lost, or this future dropped at the deadline): settle it first.
         *pending = Some(Pending {
             kind,
-            value,
-            record,
+            value: decision.value,
+            extend: leased.as_ref().and_then(|l| l.extend),
+            record: leased.map(|l| l.record),
             bytes: plan.bytes,
             lease,
             seen_create_revision: seen.create_revision,
-            extend,
         });
-        let resp = tokio::time::timeout(half_left(deadline), c.txn(plan.txn))
+        self.commit(c, plan.txn, pending, seen.lease, deadline)
+            .await
+    }
+
+    /// Sends the transaction of `pending` and reads its answer.
+    async fn commit<T>(
+        &self,
+        c: &mut Client,
+        txn: TxnRequest,
+        pending: &mut Option<Pending<T>>,
+        old_lease: i64,
+        deadline: Instant,
+    ) -> Result<Round<T>, CallError> {
+        let resp = tokio::time::timeout(half_left(deadline), c.txn(txn))
             .await
             .map_err(|_| {
                 CallError::Etcd(CallFailure::Status(tonic::Status::deadline_exceeded(
@@ -786,31 +774,81 @@ impl EtcdStore {
             )));
         };
         if !resp.succeeded {
-            if lease != 0 {
-                let _ = c.lease_revoke(lease).await;
+            if attempt.lease != 0 {
+                let _ = c.lease_revoke(attempt.lease).await;
             }
             return Ok(Round::Again);
         }
         let revision = resp.header.map_or(0, |h| h.revision);
-        let written = attempt.record.map(|mut r| {
-            if r.holder.fence == 0 {
-                r.holder.fence = u64::try_from(revision).unwrap_or(0);
-            }
-            r
-        });
         let extension = attempt.extend.map(|ttl| Extension {
-            lease,
+            lease: attempt.lease,
             revision,
             ttl,
         });
-        Ok(Round::Done(
-            Committed {
-                value: attempt.value,
-                written,
-            },
-            seen.lease,
-            extension,
-        ))
+        let committed = Committed {
+            written: written(attempt.record, revision),
+            value: attempt.value,
+        };
+        Ok(Round::Done(committed, old_lease, extension))
+    }
+
+    /// Nothing changes, but the decision may record events (a refusal):
+    /// appended under the same guard; a failure to append never fails the
+    /// operation itself (SPEC §2.8).
+    async fn record_only<T>(
+        &self,
+        c: &mut Client,
+        txn: TxnRequest,
+        value: T,
+        deadline: Instant,
+    ) -> Result<Round<T>, CallError> {
+        if !txn.success.is_empty() {
+            match tokio::time::timeout(half_left(deadline), c.txn(txn)).await {
+                Ok(Ok(resp)) if !resp.succeeded => return Ok(Round::Again),
+                _ => {}
+            }
+        }
+        let committed = Committed {
+            value,
+            written: None,
+        };
+        Ok(Round::Done(committed, 0, None))
+    }
+
+    /// Grants the lease a change that writes a record is written on: a new
+    /// acquisition longer than the short lease is written on the short
+    /// lease first (see `short_ttl`). `None` for a change that writes none.
+    async fn lease_for(
+        &self,
+        c: &mut Client,
+        change: &Change,
+    ) -> Result<Option<Leased>, CallError> {
+        let (mut record, acquisition) = match change {
+            Change::Create(r) | Change::Takeover(r) => (r.clone(), true),
+            Change::Rewrite(r) => (r.clone(), false),
+            Change::Keep | Change::Delete => return Ok(None),
+        };
+        let wanted = record.holder.ttl;
+        let short = self.short_ttl();
+        let extend = (acquisition && wanted > short).then_some(wanted);
+        let granted = grant(c, extend.map_or(wanted, |_| short)).await?;
+        granted.stamp(&mut record);
+        let more = extend.map_or(0, |w| w.saturating_sub(granted.ttl));
+        let shown = Timestamp(
+            granted
+                .expires
+                .0
+                .saturating_add(i64::try_from(more).unwrap_or(0)),
+        );
+        if acquisition {
+            record.holder.fence = 0; // the fence is the key's mod_revision
+        }
+        Ok(Some(Leased {
+            id: granted.id,
+            record,
+            extend,
+            shown,
+        }))
     }
 
     /// Moves an acquisition from its short lease onto a lease of its full
@@ -825,7 +863,7 @@ impl EtcdStore {
         k: &str,
         rec: &OwnerRecord,
         ext: &Extension,
-    ) -> Option<OwnerRecord> {
+    ) -> Option<Written> {
         let full = grant(c, ext.ttl).await.ok()?;
         let mut new = rec.clone();
         full.stamp(&mut new);
@@ -841,7 +879,7 @@ impl EtcdStore {
         match c.txn(txn).await {
             Ok(resp) if resp.succeeded => {
                 let _ = c.lease_revoke(ext.lease).await;
-                Some(new)
+                Some(Written::as_given(new))
             }
             Ok(_) => {
                 let _ = c.lease_revoke(full.id).await;
@@ -853,22 +891,13 @@ impl EtcdStore {
         }
     }
 
-    /// The history events of a change as (key, JSON); an event without a
-    /// fence gets the record's when it has one (a renewal's).
-    fn history_ops(
-        &self,
-        events: &mut [Event],
-        record: Option<&OwnerRecord>,
-    ) -> Result<Vec<(String, Vec<u8>)>, CallError> {
+    /// The history events of a change as (key, JSON). The events of a new
+    /// acquisition carry no fence: it is the transaction's revision, which
+    /// [`EtcdStore::history`] tells from the key's create revision.
+    fn history_ops(&self, events: &[Event]) -> Result<Vec<(String, Vec<u8>)>, CallError> {
         events
-            .iter_mut()
+            .iter()
             .map(|ev| {
-                if ev.fence.is_none()
-                    && let Some(r) = record
-                    && r.holder.fence != 0
-                {
-                    ev.fence = Some(r.holder.fence);
-                }
                 let line = serde_json::to_vec(ev)
                     .map_err(|e| CallError::Fatal(Error::Internal(e.to_string())))?;
                 Ok((history_key(&self.config.prefix, ev.time), line))
@@ -974,12 +1003,14 @@ impl Store for EtcdStore {
                     Ok(Ok(Round::Done(mut committed, old_lease, extension))) => {
                         // The acquisition is known to have landed: move it
                         // onto its full ttl, if the deadline allows.
-                        if let (Some(ext), Some(rec)) = (extension, committed.written.as_ref()) {
+                        if let (Some(ext), Some(w)) = (extension, committed.written.as_ref()) {
                             let left = deadline.saturating_duration_since(Instant::now());
-                            let moved =
-                                tokio::time::timeout(left, self.extend(&mut c, &k, rec, &ext));
-                            if let Ok(Some(rec)) = moved.await {
-                                committed.written = Some(rec);
+                            let moved = tokio::time::timeout(
+                                left,
+                                self.extend(&mut c, &k, &w.record, &ext),
+                            );
+                            if let Ok(Some(w)) = moved.await {
+                                committed.written = Some(w);
                             }
                         }
                         self.clean_up(&mut c, old_lease, deadline).await;
@@ -1008,9 +1039,11 @@ impl Store for EtcdStore {
         })
     }
 
-    fn list(&self) -> Result<Listing> {
+    /// Reads every lock key in one range request (and each one's lease),
+    /// then hands them over in order.
+    fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
         let prefix = format!("{}locks/", self.config.prefix);
-        self.call(|mut c, _| {
+        let locks = self.call(|mut c, _| {
             let prefix = prefix.clone();
             async move {
                 let resp = c.range(client::get_prefix(&prefix)).await?;
@@ -1031,12 +1064,11 @@ impl Store for EtcdStore {
                     }
                     locks.push(Listed::new(key, full.to_owned(), seen.current));
                 }
-                Ok(Listing {
-                    locks,
-                    tombstones: 0,
-                })
+                Ok(locks)
             }
-        })
+        })?;
+        crate::store::visit_in_order(locks, visit)?;
+        Ok(0)
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
@@ -1183,14 +1215,18 @@ mod tests {
         c.target_union.clone()
     }
 
-    fn seen(current: Current, create_revision: i64, value: Vec<u8>) -> Seen {
-        Seen {
+    fn seen(current: Current, create_revision: i64, value: Vec<u8>) -> KeyState {
+        KeyState {
             current,
             mod_revision: 9,
             create_revision,
             lease: 0,
             value,
         }
+    }
+
+    fn held(rec: &OwnerRecord) -> Current {
+        Current::Held(Seen::recorded(rec.clone()))
     }
 
     #[test]
@@ -1294,21 +1330,21 @@ mod tests {
             extend: None,
         };
         let acq = pending(Kind::Acquisition, None);
-        assert!(acq.landed(&seen(Current::Held(ours.clone()), 3, Vec::new())));
-        assert!(!acq.landed(&seen(Current::Held(theirs.clone()), 3, Vec::new())));
+        assert!(acq.landed(&seen(held(&ours), 3, Vec::new())));
+        assert!(!acq.landed(&seen(held(&theirs), 3, Vec::new())));
         assert!(!acq.landed(&seen(Current::Free, 0, Vec::new())));
         let bytes = ours.to_bytes().unwrap();
         let rw = pending(Kind::Rewrite, Some(bytes.clone()));
-        assert!(rw.landed(&seen(Current::Held(ours.clone()), 3, bytes)));
-        assert!(!rw.landed(&seen(Current::Held(ours.clone()), 3, b"older".to_vec())));
+        assert!(rw.landed(&seen(held(&ours), 3, bytes)));
+        assert!(!rw.landed(&seen(held(&ours), 3, b"older".to_vec())));
         let del = pending(Kind::Delete, None);
         assert!(del.landed(&seen(Current::Free, 0, Vec::new())));
         assert!(
-            del.landed(&seen(Current::Held(theirs.clone()), 8, Vec::new())),
+            del.landed(&seen(held(&theirs), 8, Vec::new())),
             "re-created since"
         );
         assert!(
-            !del.landed(&seen(Current::Held(ours), 3, Vec::new())),
+            !del.landed(&seen(held(&ours), 3, Vec::new())),
             "the same lock is still there"
         );
     }

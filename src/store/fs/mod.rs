@@ -53,7 +53,7 @@ use crate::history::{Event, EventKind};
 use crate::key::LockKey;
 use crate::liveness::{self, Origin};
 use crate::record::{OwnerRecord, random_suffix};
-use crate::store::{Change, Committed, Current, Decision, Listed, Listing, Store};
+use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
 use layer::{Dir, Location, Open};
 use read::RECORD;
 
@@ -120,7 +120,7 @@ impl FileStore {
         if network.is_none() {
             return Ok(()); // the common case: no hostname to look up per lock
         }
-        if let Current::Held(rec) = current
+        if let Some(rec) = current.record()
             && let Some(why) = refuse_foreign(
                 network,
                 &rec.holder,
@@ -355,10 +355,7 @@ impl Parts {
         change: Change,
         buried: &mut bool,
     ) -> Result<Option<OwnerRecord>> {
-        let seen_fence = match current {
-            Current::Held(r) => r.holder.fence,
-            _ => 0,
-        };
+        let seen_fence = current.record().map_or(0, |r| r.holder.fence);
         match change {
             Change::Keep => Ok(None),
             Change::Create(rec) => self.publish(key, rec, false, seen_fence, buried).map(Some),
@@ -384,6 +381,23 @@ impl Parts {
             }
         }
     }
+}
+
+/// The history of a takeover that removed the stale lock but could not
+/// publish the new one: exactly that, and nothing more.
+fn buried_only<T>(decision: &Decision<T>, e: &Error) -> Vec<Event> {
+    decision
+        .events(None)
+        .into_iter()
+        .filter(|ev| ev.event == EventKind::TookOver)
+        .map(|mut ev| {
+            ev.reason = Some(format!(
+                "{}; the stale lock was removed but the new one was not published: {e}",
+                ev.reason.as_deref().unwrap_or("stale")
+            ));
+            ev
+        })
+        .collect()
 }
 
 impl Store for FileStore {
@@ -414,7 +428,7 @@ impl Store for FileStore {
         // read-only file system. Anything else is decided again, under the guard.
         if self.read(key)? == Current::Free {
             let first = decide(&Current::Free)?;
-            if matches!(first.change, Change::Keep) && first.events.is_empty() {
+            if matches!(first.change, Change::Keep) && first.is_silent() {
                 return Ok(Committed {
                     value: first.value,
                     written: None,
@@ -425,52 +439,23 @@ impl Store for FileStore {
         let guard = Self::open_guard(&parts.keys, key)?;
         let current = read::lock_dir(&parts.locks, &lock_name(key))?;
         self.check_coherent(&p, &current)?;
-        let Decision {
-            change,
-            mut events,
-            value,
-        } = decide(&current)?;
+        let decision = decide(&current)?;
         let mut buried = false;
-        let written = match parts.apply(key, &current, change, &mut buried) {
+        let written = match parts.apply(key, &current, decision.change.clone(), &mut buried) {
             Ok(w) => w,
             Err(e) => {
                 if buried {
-                    // The stale lock is gone but no new one was published:
-                    // the history says exactly that, and nothing more.
-                    let gone: Vec<Event> = events
-                        .into_iter()
-                        .filter(|ev| ev.event == EventKind::TookOver)
-                        .map(|mut ev| {
-                            ev.fence = None;
-                            ev.reason = Some(format!(
-                                "{}; the stale lock was removed but the new one was not published: {e}",
-                                ev.reason.as_deref().unwrap_or("stale")
-                            ));
-                            ev
-                        })
-                        .collect();
-                    parts.append_history(&gone);
+                    parts.append_history(&buried_only(&decision, &e));
                 }
                 return Err(e);
             }
         };
-        if let Some(rec) = &written {
-            for ev in events.iter_mut().filter(|e| e.fence.is_none()) {
-                ev.fence = Some(rec.holder.fence);
-            }
-        }
-        parts.append_history(&events);
+        parts.append_history(&decision.events(written.as_ref().map(|r| r.holder.fence)));
         drop(guard);
-        Ok(Committed { value, written })
-    }
-
-    fn list(&self) -> Result<Listing> {
-        let mut locks = Vec::new();
-        let tombstones = self.visit_locks(&mut |lock| {
-            locks.push(lock);
-            Ok(())
-        })?;
-        Ok(Listing { locks, tombstones })
+        Ok(Committed {
+            value: decision.value,
+            written: written.map(Written::as_given),
+        })
     }
 
     /// Sorts the lock names first (each is its lowercase key), then reads
@@ -542,7 +527,7 @@ mod tests {
         };
         engine::acquire(store, key, &req, &Context::here()).unwrap();
         match store.read(key).unwrap() {
-            Current::Held(r) => r,
+            Current::Held(r) => r.record,
             other => panic!("{other:?}"),
         }
     }
@@ -566,7 +551,7 @@ mod tests {
             }
         });
         assert!(
-            matches!(&got, Current::Held(r) if r.holder.fence == 4),
+            matches!(&got, Current::Held(r) if r.holder().fence == 4),
             "{got:?}"
         );
         // Released in between and not taken again: free, never corrupt.
@@ -767,10 +752,11 @@ mod tests {
             let got = engine::acquire(&store, &key, &req, &Context::here()).unwrap();
             let acquired = matches!(got, Acquire::Acquired { .. });
             prop_assert!(acquired);
-            let listing = store.list().unwrap();
-            prop_assert_eq!(listing.locks.len(), 1);
-            prop_assert_eq!(listing.locks[0].key.skill(), skill.as_str());
-            prop_assert_eq!(listing.locks[0].key.repo(), repo.as_str());
+            let mut locks = Vec::new();
+            store.visit_locks(&mut |l| { locks.push(l); Ok(()) }).unwrap();
+            prop_assert_eq!(locks.len(), 1);
+            prop_assert_eq!(locks[0].key.skill(), skill.as_str());
+            prop_assert_eq!(locks[0].key.repo(), repo.as_str());
         }
     }
 }

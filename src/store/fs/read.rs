@@ -16,7 +16,7 @@ use std::fs::File;
 use super::layer::{Dir, Entry, Open, read_bounded};
 use crate::error::{Error, Result};
 use crate::record::{MAX_RECORD_BYTES, OwnerRecord};
-use crate::store::Current;
+use crate::store::{Current, Seen};
 
 /// The record's name inside a lock directory.
 pub const RECORD: &str = "owner.json";
@@ -99,7 +99,7 @@ pub fn record(file: File, len: u64, path: &std::path::Path) -> Result<Current> {
     let bytes =
         read_bounded(file, len, MAX_RECORD_BYTES + 1).map_err(|e| Error::io("read", path, e))?;
     Ok(match OwnerRecord::parse(&bytes) {
-        Ok(r) => Current::Held(r),
+        Ok(r) => Current::Held(Seen::recorded(r)),
         Err(why) => Current::Corrupt(why),
     })
 }

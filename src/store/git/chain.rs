@@ -11,8 +11,8 @@ use super::*;
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::LockKey;
-use crate::record::{OwnerRecord, random_suffix};
-use crate::store::Current;
+use crate::record::{OwnerRecord, Timestamp, random_suffix};
+use crate::store::{Current, Identity, LeaseEnd, Seen};
 
 /// The file a lock's commit holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -30,10 +30,10 @@ pub(super) struct StateFile {
 
 /// A lock's ref as read.
 #[derive(Debug, Clone)]
-pub(super) struct Seen {
+pub(super) struct RefState {
     /// The commit the ref points at (None: no ref).
     pub(super) oid: Option<String>,
-    /// The state, as stored (not shifted by the skew allowance).
+    /// The state, as stored, and how it is judged (see [`GitStore::seen`]).
     pub(super) current: Current,
     /// The last fence, when it is known.
     pub(super) fence: Option<u64>,
@@ -92,9 +92,9 @@ impl GitStore {
     /// Interprets a state file.
     /// `None`: the commit's objects are not all in the cache (yet); never
     /// judged corrupt for that.
-    pub(super) fn interpret(&self, oid: &str, body: Option<Vec<u8>>) -> Result<Option<Seen>> {
+    pub(super) fn interpret(&self, oid: &str, body: Option<Vec<u8>>) -> Result<Option<RefState>> {
         let corrupt = |why: String, fence: Option<u64>, depth: u64| {
-            Some(Seen {
+            Some(RefState {
                 oid: Some(oid.to_owned()),
                 current: Current::Corrupt(why),
                 fence,
@@ -143,14 +143,14 @@ impl GitStore {
                 match OwnerRecord::parse(&bytes) {
                     Ok(mut r) => {
                         r.holder.fence = state.fence;
-                        Current::Held(r)
+                        Current::Held(self.seen(r))
                     }
                     Err(why) => Current::Corrupt(why),
                 }
             }
             (other, _) => Current::Corrupt(format!("unknown lock state {other:?}")),
         };
-        Ok(Some(Seen {
+        Ok(Some(RefState {
             oid: Some(oid.to_owned()),
             current,
             fence: Some(state.fence),
@@ -178,13 +178,13 @@ impl GitStore {
     }
 
     /// Reads one lock: one ls-remote, and a fetch only when the commit is new here.
-    pub(super) fn read_seen(&self, key: &LockKey, deadline: Instant) -> Result<Seen> {
+    pub(super) fn read_seen(&self, key: &LockKey, deadline: Instant) -> Result<RefState> {
         let r = self.lock_ref(key);
         let mut fetched = false;
         loop {
             let refs = self.ls_remote(std::slice::from_ref(&r), &r, deadline)?;
             let Some(oid) = refs.get(&r).cloned() else {
-                return Ok(Seen {
+                return Ok(RefState {
                     oid: None,
                     current: Current::Free,
                     fence: Some(0),
@@ -218,7 +218,7 @@ impl GitStore {
                     let kind = self.local(&["cat-file", "-t", &oid], None)?;
                     let kind = String::from_utf8_lossy(&kind.stdout).trim().to_owned();
                     if !kind.is_empty() && kind != "commit" {
-                        return Ok(Seen {
+                        return Ok(RefState {
                             oid: Some(oid.clone()),
                             current: Current::Corrupt(format!(
                                 "the lock ref points at {oid}, which is not a commit"
@@ -255,29 +255,32 @@ impl GitStore {
         }
     }
 
-    /// The state as the engine is shown it: a record judged by the wall
-    /// clock expires [`GitConfig::clock_skew`] seconds later.
+    /// How a record is judged: by this host's wall clock, its lease ending
+    /// [`GitConfig::clock_skew`] seconds after `expires` (hosts' clocks
+    /// differ), unless it was written in this boot with a boot-clock
+    /// deadline (then judged on that clock, as in the file store).
     ///
-    /// An owner pid recorded in another boot (another machine, or this one
-    /// before a reboot) is not shown to the engine either: on a store shared
-    /// by machines, a hostname proves nothing, so such a lock is judged by its
-    /// lease alone and a pid of another machine is never looked up here.
-    pub(super) fn view(&self, current: &Current) -> Current {
-        match current {
-            Current::Held(rec) => {
-                let mut r = rec.clone();
-                if !same_boot(rec) {
-                    let skew = i64::try_from(self.config.clock_skew).unwrap_or(0);
-                    r.holder.expires.0 = r.holder.expires.0.saturating_add(skew);
-                }
-                let ours = &crate::liveness::Origin::here().boot_id;
-                if rec.holder.boot_id.is_none() || rec.holder.boot_id != *ours {
-                    r.holder.owner_pid = None;
-                    r.holder.owner_start = None;
-                }
-                Current::Held(r)
-            }
-            other => other.clone(),
+    /// An owner recorded in another boot (another machine, or this one
+    /// before a reboot) is foreign: on a store shared by machines a hostname
+    /// proves nothing, so such a lock is judged by its lease alone and a pid
+    /// of another machine is never looked up here.
+    pub(super) fn seen(&self, record: OwnerRecord) -> Seen {
+        let lease_end = if same_boot(&record) {
+            LeaseEnd::Recorded
+        } else {
+            let skew = i64::try_from(self.config.clock_skew).unwrap_or(0);
+            LeaseEnd::Wall(Timestamp(record.holder.expires.0.saturating_add(skew)))
+        };
+        let ours = &crate::liveness::Origin::here().boot_id;
+        let identity = if record.holder.boot_id.is_none() || record.holder.boot_id != *ours {
+            Identity::Foreign
+        } else {
+            Identity::Comparable
+        };
+        Seen {
+            record,
+            lease_end,
+            identity,
         }
     }
 
@@ -333,4 +336,11 @@ pub(super) fn message(key: &LockKey, change: &str, fence: u64, events: &[Event])
     // Two identical changes must never make the same commit.
     let _ = write!(m, "\nnonce: {}\n", random_suffix());
     Ok(m)
+}
+
+/// Was `rec` written in this boot, with a boot-clock deadline (judged on
+/// that clock, so no clock-skew allowance applies)?
+fn same_boot(rec: &OwnerRecord) -> bool {
+    let ours = &crate::liveness::Origin::here().boot_id;
+    rec.holder.deadline_boot_ms.is_some() && ours.is_some() && rec.holder.boot_id == *ours
 }

@@ -38,11 +38,11 @@
 //! server, and a guess that changes nothing is never trusted.
 //!
 //! Expiry is judged by this host's wall clock (a record from this boot of
-//! this host: by its boot-time clock, as in the file store), and a record
-//! judged by the wall clock is shown to the engine with `expires` moved later
-//! by the clock-skew allowance (`SKILL_LOCK_CLOCK_SKEW`, default
-//! [`DEFAULT_CLOCK_SKEW`] seconds), so a takeover from another host waits
-//! that long past `expires`. git runs with every prompt disabled and a
+//! this host: by its boot-time clock, as in the file store): a record judged
+//! by the wall clock is shown to the engine as stored, with a lease end
+//! later than its `expires` by the clock-skew allowance
+//! (`SKILL_LOCK_CLOCK_SKEW`, default [`DEFAULT_CLOCK_SKEW`] seconds), so a
+//! takeover from another host waits that long past `expires`. git runs with every prompt disabled and a
 //! deadline (`SKILL_LOCK_GIT_TIMEOUT`, default 10 s), after which its whole
 //! process group is killed and the command answers `store_unavailable`.
 
@@ -54,14 +54,14 @@ use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::LockKey;
 use crate::record::{OwnerRecord, random_suffix};
-use crate::store::{Change, Committed, Current, Decision, Listed, Listing, Store};
+use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
 
 mod chain;
 mod cmd;
 mod config;
 mod remote;
 
-use chain::{Seen, StateFile, message};
+use chain::{RefState, StateFile, message};
 use cmd::{Mode0700, Output, git_command, jitter, run, transient};
 use config::is_local_path;
 pub use config::{GitConfig, REMOTE_NAME, has_secret, redact, validate_remote};
@@ -139,7 +139,7 @@ impl GitStore {
 struct Pending<T> {
     commit: String,
     value: T,
-    written: Option<OwnerRecord>,
+    written: Option<Written>,
 }
 
 impl Store for GitStore {
@@ -157,7 +157,7 @@ impl Store for GitStore {
 
     fn read(&self, key: &LockKey) -> Result<Current> {
         let deadline = Instant::now() + self.config.timeout;
-        Ok(self.view(&self.read_seen(key, deadline)?.current))
+        Ok(self.read_seen(key, deadline)?.current)
     }
 
     fn update<T>(
@@ -231,7 +231,9 @@ impl Store for GitStore {
         }
     }
 
-    fn list(&self) -> Result<Listing> {
+    /// Reads every lock ref in one `ls-remote` and one `cat-file` batch
+    /// (a network store reads them all anyway), then hands them over in order.
+    fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
         let deadline = Instant::now() + self.config.timeout;
         let prefix = self.ns_prefix(REF_PREFIX);
         let refs = self.ls_remote(&[format!("{prefix}*")], &prefix, deadline)?;
@@ -262,16 +264,10 @@ impl Store for GitStore {
             if seen.current == Current::Free {
                 continue;
             }
-            locks.push(Listed::new(
-                key.clone(),
-                r.clone(),
-                self.view(&seen.current),
-            ));
+            locks.push(Listed::new(key.clone(), r.clone(), seen.current));
         }
-        Ok(Listing {
-            locks,
-            tombstones: 0,
-        })
+        crate::store::visit_in_order(locks, visit)?;
+        Ok(0)
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
@@ -356,7 +352,7 @@ enum Step<T> {
 
 impl GitStore {
     /// The state this host last wrote to `r`, when it is still in the cache.
-    fn remembered(&self, r: &str) -> Result<Option<Seen>> {
+    fn remembered(&self, r: &str) -> Result<Option<RefState>> {
         let Some(oid) = std::fs::read_to_string(self.tip_file(r))
             .ok()
             .map(|t| t.trim().to_owned())
@@ -399,140 +395,29 @@ impl GitStore {
         &self,
         key: &LockKey,
         r: &str,
-        seen: &Seen,
+        seen: &RefState,
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
         push_deadline: Instant,
         guess: bool,
     ) -> Result<Step<T>> {
-        let view = self.view(&seen.current);
-        let Decision {
-            change,
-            mut events,
-            value,
-        } = decide(&view)?;
-        let raw_holder = match &seen.current {
-            Current::Held(rec) => Some(rec.holder.clone()),
-            _ => None,
-        };
-        let view_holder = match &view {
-            Current::Held(rec) => Some(rec.holder.clone()),
-            _ => None,
-        };
-        // History shows the holder as stored, not as shifted for judging.
-        for ev in &mut events {
-            if ev.previous.is_some() && ev.previous == view_holder {
-                ev.previous.clone_from(&raw_holder);
-            }
-        }
-        let known_fence = || {
-            seen.fence.ok_or_else(|| {
-                Error::Io {
-                    action: "read the last fence of",
-                    path: PathBuf::from(&r),
-                    source: std::io::Error::other(format!(
-                        "the lock's state ({}) and its recent history are unreadable, so a new fence could repeat one; remove the ref with `git push REMOTE :REF` as an operator",
-                        match &seen.current {
-                            Current::Corrupt(why) => why.as_str(),
-                            _ => "?",
-                        }
-                    )),
-                }
-            })
-        };
-        let (state, written, what) = match change {
-            Change::Keep => {
-                // Only refusals carry events here; keep them when a record is there.
-                let done = |value| {
-                    Ok(if guess {
-                        Step::Again
-                    } else {
-                        Step::Done(Committed {
-                            value,
-                            written: None,
-                        })
-                    })
-                };
-                let Current::Held(rec) = &seen.current else {
-                    return done(value);
-                };
-                if events.is_empty() {
-                    return done(value);
-                }
-                (
-                    held_state(
-                        rec,
-                        seen.fence.unwrap_or(rec.holder.fence),
-                        seen.depth,
-                        seen.epoch,
-                    )?,
-                    None,
-                    "refused",
-                )
-            }
-            Change::Create(mut rec) | Change::Takeover(mut rec) => {
-                let fence = known_fence()?
-                    .checked_add(1)
-                    .ok_or_else(|| Error::Internal("the fence would overflow".into()))?;
-                rec.holder.fence = fence;
-                for ev in &mut events {
-                    if ev.fence.is_none() {
-                        ev.fence = Some(fence);
-                    }
-                }
-                (
-                    held_state(&rec, fence, seen.depth, seen.epoch)?,
-                    Some(rec),
-                    "acquired",
-                )
-            }
-            Change::Rewrite(mut rec) => {
-                // A renewal keeps the owner the view did not show.
-                if let Current::Held(raw) = &seen.current {
-                    rec.holder.owner_pid = raw.holder.owner_pid;
-                    rec.holder.owner_start = raw.holder.owner_start;
-                }
-                let fence = seen.fence.unwrap_or(rec.holder.fence);
-                rec.holder.fence = fence;
-                (
-                    held_state(&rec, fence, seen.depth, seen.epoch)?,
-                    Some(rec),
-                    "renewed",
-                )
-            }
-            Change::Delete => {
-                let fence = known_fence()?;
-                (
-                    StateFile {
-                        format: STATE_FORMAT,
-                        state: "free".into(),
-                        fence,
-                        depth: seen.depth + 1,
-                        epoch: seen.epoch,
-                        record: None,
-                    },
-                    None,
-                    "released",
-                )
-            }
-        };
-        let mut state = state;
-        let roll = !seen.chainable || seen.depth >= self.config.history_depth;
-        let parent = if roll { None } else { seen.oid.as_deref() };
-        if roll {
-            state.depth = 1;
-            state.epoch = if seen.chainable {
-                seen.epoch.saturating_add(1)
+        let decision = decide(&seen.current)?;
+        let Some(next) = next_state(r, seen, &decision)? else {
+            // Nothing to write: only a refusal of a held lock records events.
+            return Ok(if guess {
+                Step::Again
             } else {
-                seen.epoch
-            };
-        }
-        let msg = message(key, what, state.fence, &events)?;
-        let commit = self.make_commit(&state, parent, &msg)?;
-        let archive_ref = self.archive_ref(&key.name(), seen.epoch % ARCHIVE_SLOTS);
-        let archive = match (&seen.oid, roll && seen.chainable) {
-            (Some(old), true) => Some((old.as_str(), archive_ref.as_str())),
-            _ => None,
+                Step::Done(Committed {
+                    value: decision.value,
+                    written: None,
+                })
+            });
         };
+        let (state, parent, archive) = self.roll(key, seen, next.state);
+        let msg = message(key, next.what, state.fence, &next.events)?;
+        let commit = self.make_commit(&state, parent, &msg)?;
+        let archive = archive.as_ref().map(|(old, a)| (old.as_str(), a.as_str()));
+        let written = next.written.map(Written::as_given);
+        let value = decision.value;
         match self.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
             Pushed::Done => {
                 self.remember(r, Some(&commit));
@@ -556,6 +441,109 @@ impl GitStore {
                 why,
             )),
         }
+    }
+
+    /// The state to commit on top of `seen` (a new root when its chain is
+    /// unreadable or long enough), its parent, and the archive ref that
+    /// keeps the old chain when a new one starts.
+    fn roll<'a>(
+        &self,
+        key: &LockKey,
+        seen: &'a RefState,
+        mut state: StateFile,
+    ) -> (StateFile, Option<&'a str>, Option<(String, String)>) {
+        let roll = !seen.chainable || seen.depth >= self.config.history_depth;
+        if !roll {
+            return (state, seen.oid.as_deref(), None);
+        }
+        state.depth = 1;
+        state.epoch = if seen.chainable {
+            seen.epoch.saturating_add(1)
+        } else {
+            seen.epoch
+        };
+        let archive = match (&seen.oid, seen.chainable) {
+            (Some(old), true) => Some((
+                old.clone(),
+                self.archive_ref(&key.name(), seen.epoch % ARCHIVE_SLOTS),
+            )),
+            _ => None,
+        };
+        (state, None, archive)
+    }
+}
+
+/// The commit a decision makes on top of a ref's state.
+struct Next {
+    state: StateFile,
+    /// The record written (with its fence), for the outcome.
+    written: Option<OwnerRecord>,
+    /// The history events, fenced.
+    events: Vec<Event>,
+    /// The change, as the commit message names it.
+    what: &'static str,
+}
+
+/// The state file a decision asks for on top of `seen`, or `None` when
+/// nothing is written (keeping a lock; a refusal of a free or unreadable one).
+fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Option<Next>> {
+    let known_fence = || {
+        seen.fence.ok_or_else(|| Error::Io {
+            action: "read the last fence of",
+            path: PathBuf::from(r),
+            source: std::io::Error::other(format!(
+                "the lock's state ({}) and its recent history are unreadable, so a new fence could repeat one; remove the ref with `git push REMOTE :REF` as an operator",
+                match &seen.current {
+                    Current::Corrupt(why) => why.as_str(),
+                    _ => "?",
+                }
+            )),
+        })
+    };
+    let held = |rec: OwnerRecord, fence: u64, what| -> Result<Option<Next>> {
+        Ok(Some(Next {
+            state: held_state(&rec, fence, seen.depth, seen.epoch)?,
+            written: (what != "refused").then_some(rec),
+            events: decision.events(Some(fence)),
+            what,
+        }))
+    };
+    match &decision.change {
+        Change::Keep => match seen.current.record() {
+            // Only refusals carry events here; kept when a record is there.
+            Some(rec) if !decision.is_silent() => {
+                let fence = seen.fence.unwrap_or(rec.holder.fence);
+                held(rec.clone(), fence, "refused")
+            }
+            _ => Ok(None),
+        },
+        Change::Create(rec) | Change::Takeover(rec) => {
+            let fence = known_fence()?
+                .checked_add(1)
+                .ok_or_else(|| Error::Internal("the fence would overflow".into()))?;
+            let mut rec = rec.clone();
+            rec.holder.fence = fence;
+            held(rec, fence, "acquired")
+        }
+        Change::Rewrite(rec) => {
+            let fence = seen.fence.unwrap_or(rec.holder.fence);
+            let mut rec = rec.clone();
+            rec.holder.fence = fence;
+            held(rec, fence, "renewed")
+        }
+        Change::Delete => Ok(Some(Next {
+            state: StateFile {
+                format: STATE_FORMAT,
+                state: "free".into(),
+                fence: known_fence()?,
+                depth: seen.depth + 1,
+                epoch: seen.epoch,
+                record: None,
+            },
+            written: None,
+            events: decision.events(None),
+            what: "released",
+        })),
     }
 }
 
@@ -623,11 +611,4 @@ impl GitStore {
         let skip = events.len().saturating_sub(limit);
         Ok(events.split_off(skip))
     }
-}
-
-/// Was `rec` written in this boot, with a boot-clock deadline (judged on
-/// that clock, so no clock-skew allowance applies)?
-fn same_boot(rec: &OwnerRecord) -> bool {
-    let ours = &crate::liveness::Origin::here().boot_id;
-    rec.holder.deadline_boot_ms.is_some() && ours.is_some() && rec.holder.boot_id == *ours
 }
