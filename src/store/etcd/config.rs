@@ -1,0 +1,138 @@
+//! The connection settings of an etcd store: its URL, and the TLS,
+//! credential and timeout variables, read once when the store is chosen.
+
+use std::time::Duration;
+
+use super::DEFAULT_TIMEOUT;
+use super::client::{Security, Tls};
+use crate::error::{Error, Result};
+
+/// Connection settings of an etcd store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// `host:port` of each member, tried in order.
+    pub endpoints: Vec<String>,
+    /// Key prefix, starting and ending with `/`.
+    pub prefix: String,
+    /// TLS (`etcds://`).
+    pub tls: bool,
+    /// PEM CA file (`SKILL_LOCK_ETCD_CA`).
+    pub ca: Option<String>,
+    /// PEM client certificate and key (`SKILL_LOCK_ETCD_CERT`, `SKILL_LOCK_ETCD_KEY`).
+    pub identity: Option<(String, String)>,
+    /// User and password (`SKILL_LOCK_ETCD_USER`, `SKILL_LOCK_ETCD_PASSWORD`).
+    pub user: Option<(String, String)>,
+    /// Deadline of one command (`SKILL_LOCK_ETCD_TIMEOUT`, seconds).
+    pub timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// Parses `etcd://host:port[,host:port...][/prefix]` (or `etcds://`),
+    /// taking TLS, credentials and timeout from the environment.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a malformed URL or option.
+    pub fn parse(url: &str) -> Result<Self> {
+        let (tls, rest) = if let Some(r) = url.strip_prefix("etcds://") {
+            (true, r)
+        } else if let Some(r) = url.strip_prefix("etcd://") {
+            (false, r)
+        } else {
+            return Err(Error::Usage(format!(
+                "{url:?} is not an etcd:// or etcds:// URL"
+            )));
+        };
+        let (hosts, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/skill-lock/"),
+        };
+        let endpoints: Vec<String> = hosts.split(',').map(str::trim).map(str::to_owned).collect();
+        if endpoints.iter().any(|e| {
+            e.rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        }) {
+            return Err(Error::Usage(format!(
+                "store {url:?}: give endpoints as host:port[,host:port...], e.g. etcd://127.0.0.1:2379"
+            )));
+        }
+        let mut prefix = prefix.to_owned();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let timeout = match env("SKILL_LOCK_ETCD_TIMEOUT") {
+            None => DEFAULT_TIMEOUT,
+            Some(t) => t
+                .parse::<f64>()
+                .ok()
+                .filter(|s| *s > 0.0 && *s <= 600.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "SKILL_LOCK_ETCD_TIMEOUT={t:?}: give seconds, 0 < s <= 600"
+                    ))
+                })?,
+        };
+        // Variables that only make sense together: both, or neither.
+        let pair = |a: &str, b: &str| match (env(a), env(b)) {
+            (Some(x), Some(y)) => Ok(Some((x, y))),
+            (None, None) => Ok(None),
+            _ => Err(Error::Usage(format!("set both {a} and {b}, or neither"))),
+        };
+        let identity = pair("SKILL_LOCK_ETCD_CERT", "SKILL_LOCK_ETCD_KEY")?;
+        let user = pair("SKILL_LOCK_ETCD_USER", "SKILL_LOCK_ETCD_PASSWORD")?;
+        Ok(Self {
+            endpoints,
+            prefix,
+            tls,
+            ca: env("SKILL_LOCK_ETCD_CA"),
+            identity,
+            user,
+            timeout,
+        })
+    }
+}
+
+/// Reads the TLS files and credentials of `config` once.
+pub(super) fn security(config: &EtcdConfig) -> Result<Security> {
+    let read = |path: &String| std::fs::read(path).map_err(|e| Error::io("read", path, e));
+    let tls = if config.tls {
+        Some(Tls {
+            ca: config.ca.as_ref().map(read).transpose()?,
+            identity: match &config.identity {
+                Some((cert, key)) => Some((read(cert)?, read(key)?)),
+                None => None,
+            },
+        })
+    } else {
+        None
+    };
+    Ok(Security {
+        tls,
+        user: config.user.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let c = EtcdConfig::parse("etcd://127.0.0.1:2379,h2:23791/team/locks").unwrap();
+        assert_eq!(c.endpoints, ["127.0.0.1:2379", "h2:23791"]);
+        assert_eq!(c.prefix, "/team/locks/");
+        assert!(!c.tls);
+        let c = EtcdConfig::parse("etcds://h:1").unwrap();
+        assert_eq!((c.prefix.as_str(), c.tls), ("/skill-lock/", true));
+        for bad in [
+            "etcd://",
+            "etcd://h",
+            "etcd://h:x",
+            "etcd://:1",
+            "http://h:1",
+        ] {
+            assert!(EtcdConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
