@@ -439,65 +439,91 @@ fn watch(
         if renewer.due(now) && renew.send(()).is_ok() {
             renewer.sent();
         }
-        match rx.recv_timeout(renewer.sleep(now)) {
-            Ok(Event::Signal(sig)) => keeper.signal(sig),
-            Ok(Event::Keeper(report)) => {
-                if let Report::Exited { status, .. } = &report {
-                    exited = Some(*status);
-                }
-                if matches!(report, Report::Exited { .. } | Report::Empty)
-                    && lease_clock() >= renewer.stop_at()
-                {
-                    // This wrapper was stopped or starved past the stop
-                    // moment, and the keeper stopped the tree in its place.
-                    eprintln!(
-                        "skill-lock run: no renewal confirmed the lease in time; the command and everything it started were stopped"
-                    );
-                    return (End::Lost(exited), renewals);
-                }
-                match report {
-                    Report::Started(_) => {}
-                    Report::Failed(message) => return (End::Failed(message), renewals),
-                    Report::Exited { leftovers, .. } => {
-                        if leftovers {
-                            eprintln!(
-                                "skill-lock run: stopping what the command left running (in its process group or not)"
-                            );
-                        }
-                    }
-                    Report::Empty => return (End::Done(exited), renewals),
-                    Report::Gone => return (End::KeeperGone(exited), renewals),
-                }
+        let end = match rx.recv_timeout(renewer.sleep(now)) {
+            Ok(Event::Signal(sig)) => {
+                keeper.signal(sig);
+                None
             }
-            Ok(Event::Renewal { began, result }) => match result {
-                Ok(Renew::Renewed { .. }) => {
-                    renewer.confirmed(began);
-                    keeper.arm(renewer.stop_at());
-                    renewals += 1;
-                }
-                Ok(Renew::NotOwner { holder, .. }) => {
-                    eprintln!(
-                        "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
-                        holder.host, holder.owner_pid, holder.fence
-                    );
-                    return (End::Lost(exited), renewals);
-                }
-                Ok(Renew::NotHeld { .. }) => {
-                    eprintln!(
-                        "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
-                    );
-                    return (End::Lost(exited), renewals);
-                }
-                Err(e) => {
-                    let left = renewer.confirmed_end().saturating_sub(lease_clock());
-                    eprintln!(
-                        "skill-lock run: renewal failed ({e}); retrying; the lease ends in {} ms",
-                        left.as_millis()
-                    );
-                    renewer.failed(lease_clock());
-                }
-            },
-            Err(_) => {}
+            Ok(Event::Keeper(report)) => on_report(report, &mut exited, renewer),
+            Ok(Event::Renewal { began, result }) => {
+                on_renewal(began, result, renewer, keeper, exited, &mut renewals)
+            }
+            Err(_) => None,
+        };
+        if let Some(end) = end {
+            return (end, renewals);
+        }
+    }
+}
+
+/// What a keeper's report means for the watch (`Some`: it ends);
+/// `exited` keeps CMD's status once reported.
+fn on_report(report: Report, exited: &mut Option<ExitStatus>, renewer: &Renewer) -> Option<End> {
+    if let Report::Exited { status, .. } = &report {
+        *exited = Some(*status);
+    }
+    if matches!(report, Report::Exited { .. } | Report::Empty) && lease_clock() >= renewer.stop_at()
+    {
+        // This wrapper was stopped or starved past the stop
+        // moment, and the keeper stopped the tree in its place.
+        eprintln!(
+            "skill-lock run: no renewal confirmed the lease in time; the command and everything it started were stopped"
+        );
+        return Some(End::Lost(*exited));
+    }
+    match report {
+        Report::Started(_) => None,
+        Report::Failed(message) => Some(End::Failed(message)),
+        Report::Exited { leftovers, .. } => {
+            if leftovers {
+                eprintln!(
+                    "skill-lock run: stopping what the command left running (in its process group or not)"
+                );
+            }
+            None
+        }
+        Report::Empty => Some(End::Done(*exited)),
+        Report::Gone => Some(End::KeeperGone(*exited)),
+    }
+}
+
+/// What a renewal's answer means for the watch (`Some`: the lease is lost).
+fn on_renewal(
+    began: Duration,
+    result: Result<Renew>,
+    renewer: &mut Renewer,
+    keeper: &mut Keeper,
+    exited: Option<ExitStatus>,
+    renewals: &mut u64,
+) -> Option<End> {
+    match result {
+        Ok(Renew::Renewed { .. }) => {
+            renewer.confirmed(began);
+            keeper.arm(renewer.stop_at());
+            *renewals += 1;
+            None
+        }
+        Ok(Renew::NotOwner { holder, .. }) => {
+            eprintln!(
+                "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
+                holder.host, holder.owner_pid, holder.fence
+            );
+            Some(End::Lost(exited))
+        }
+        Ok(Renew::NotHeld { .. }) => {
+            eprintln!(
+                "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
+            );
+            Some(End::Lost(exited))
+        }
+        Err(e) => {
+            let left = renewer.confirmed_end().saturating_sub(lease_clock());
+            eprintln!(
+                "skill-lock run: renewal failed ({e}); retrying; the lease ends in {} ms",
+                left.as_millis()
+            );
+            renewer.failed(lease_clock());
+            None
         }
     }
 }

@@ -277,53 +277,59 @@ impl GitStore {
             }
             return Ok(pushed);
         }
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut ours = None;
-        let mut reasons = Vec::new();
-        for line in text.lines() {
-            let mut parts = line.splitn(3, '\t');
-            let (Some(flag), Some(spec), Some(summary)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            if flag == "!" {
-                reasons.push(summary.to_owned());
-            }
-            if spec.rsplit_once(':').is_some_and(|(_, to)| to == r) {
-                ours = Some((flag.to_owned(), summary.to_owned()));
+        Ok(pushed(&out, r))
+    }
+}
+
+/// What `git push --porcelain` says of the update of `r`.
+fn pushed(out: &Output, r: &str) -> Pushed {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut ours = None;
+    let mut reasons = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, '\t');
+        let (Some(flag), Some(spec), Some(summary)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if flag == "!" {
+            reasons.push(summary.to_owned());
+        }
+        if spec.rsplit_once(':').is_some_and(|(_, to)| to == r) {
+            ours = Some((flag.to_owned(), summary.to_owned()));
+        }
+    }
+    match ours {
+        Some((flag, _)) if out.ok() && matches!(flag.as_str(), " " | "+" | "*") => Pushed::Done,
+        Some((flag, _)) if flag == "!" => {
+            if let Some(bad) = reasons.iter().find(|s| !contention(s)) {
+                Pushed::Refused(bad.clone())
+            } else {
+                Pushed::Lost
             }
         }
-        let contention = |s: &str| {
-            [
-                "stale info",
-                "fetch first",
-                "non-fast-forward",
-                "failed to update ref",
-                "cannot lock ref",
-                "failed to lock",
-                "incorrect old value",
-                "reference already exists",
-                "atomic",
-                "already exists",
-            ]
-            .iter()
-            .any(|m| s.contains(m))
-        };
-        Ok(match ours {
-            Some((flag, _)) if out.ok() && matches!(flag.as_str(), " " | "+" | "*") => Pushed::Done,
-            Some((flag, _)) if flag == "!" => {
-                if let Some(bad) = reasons.iter().find(|s| !contention(s)) {
-                    Pushed::Refused(bad.clone())
-                } else {
-                    Pushed::Lost
-                }
-            }
-            _ => Pushed::Unknown(format!(
-                "git push ended with status {:?}: {}",
-                out.code,
-                out.stderr.trim()
-            )),
-        })
+        _ => Pushed::Unknown(format!(
+            "git push ended with status {:?}: {}",
+            out.code,
+            out.stderr.trim()
+        )),
     }
+}
+
+/// A rejection that means another push won the race (the lock changed).
+fn contention(s: &str) -> bool {
+    [
+        "stale info",
+        "fetch first",
+        "non-fast-forward",
+        "failed to update ref",
+        "cannot lock ref",
+        "failed to lock",
+        "incorrect old value",
+        "reference already exists",
+        "atomic",
+        "already exists",
+    ]
+    .iter()
+    .any(|m| s.contains(m))
 }
