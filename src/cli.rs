@@ -399,6 +399,13 @@ fn command_word(args: &[OsString]) -> Option<&str> {
     None
 }
 
+/// Prints the error object of an invocation that reached no command (on
+/// standard output) and returns its exit status.
+#[must_use = "the exit status is the process's"]
+pub fn report_error(err: &Error) -> ExitStatus {
+    Report::error(err, None).emit(Channel::Stdout)
+}
+
 /// Runs one invocation: parses `args` (program name first), acts, prints
 /// exactly one JSON object (or help/version text) and returns the exit status.
 pub fn run<I, T>(args: I) -> ExitStatus

@@ -13,19 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{Environment, Settings, StoreSource};
 use crate::key::LockKey;
-
-/// Quotes `s` for a POSIX shell (left bare when it only has safe characters).
-#[must_use]
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,".contains(&b))
-    {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
+pub use crate::shell::quote as shell_quote;
 
 /// The `release --force` command line for `key` in the settings' store.
 #[must_use]

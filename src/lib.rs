@@ -57,6 +57,7 @@ pub mod output;
 pub mod record;
 pub mod root;
 pub mod run;
+pub mod shell;
 pub mod signals;
 pub mod store;
 pub mod wait;

@@ -321,22 +321,19 @@ impl Msg {
 }
 
 /// When this process was started as a keeper ([`KEEPER_ARG`] first), runs
-/// it to its end and returns its exit status; `None` otherwise.
+/// it to its end and returns its exit status; `None` otherwise. `Some(Err)`:
+/// the argument was typed by hand (the caller prints the usual error object).
 #[must_use]
-pub fn main_if_keeper() -> Option<ExitCode> {
+pub fn main_if_keeper() -> Option<Result<ExitCode, crate::error::Error>> {
     let mut args = std::env::args_os().skip(1);
     if args.next()? != KEEPER_ARG {
         return None;
     }
     let args: Vec<OsString> = args.collect();
-    Some(keeper_main(&args).unwrap_or_else(|| {
-        // Typed by hand: the usual one JSON object, as for any bad argument.
-        let err = crate::error::Error::Usage(format!(
+    Some(keeper_main(&args).ok_or_else(|| {
+        crate::error::Error::Usage(format!(
             "{KEEPER_ARG} is the keeper of `skill-lock run` and is started only by it; use `skill-lock run`"
-        ));
-        ExitCode::from(crate::output::Report::error(&err, None)
-                .emit(crate::output::Channel::Stdout)
-                .code())
+        ))
     }))
 }
 

@@ -106,7 +106,7 @@ fn not_a(path: &Path, want: &str, found: &str) -> Error {
         ),
         format!(
             "remove it (rm -r {}) and run again",
-            crate::hint::shell_quote(&path.display().to_string())
+            crate::shell::quote(&path.display().to_string())
         ),
     )
 }
@@ -114,7 +114,7 @@ fn not_a(path: &Path, want: &str, found: &str) -> Error {
 /// Refuses a directory that is not the invoking user's alone.
 fn check_owner(path: &Path, st: &Stat) -> Result<()> {
     let me = uid();
-    let quoted = crate::hint::shell_quote(&path.display().to_string());
+    let quoted = crate::shell::quote(&path.display().to_string());
     if st.st_uid != me {
         return Err(untrusted(
             path,
@@ -408,7 +408,7 @@ impl Dir {
                 format!("it is larger than {READ_LIMIT} bytes, which no file of the tool ever is"),
                 format!(
                     "remove it (rm {})",
-                    crate::hint::shell_quote(&self.join(name).display().to_string())
+                    crate::shell::quote(&self.join(name).display().to_string())
                 ),
             ));
         }
