@@ -840,6 +840,29 @@ mod tests {
     }
 
     #[test]
+    fn renew_counts_what_is_left_on_the_clock_reading_it_decided_at() {
+        // The command started at 0 and decided at 10 (it waited, e.g. for a
+        // network store's failover): the lease written ends 100 s after the
+        // decision, so 100 s are left, not 110.
+        let store = Memory::default();
+        let (token, _) = acquired(&store, 60, &at(0));
+        let mut ctx = at(0);
+        ctx.clock = at(10).clock;
+        let Renew::Renewed { expires_in, .. } =
+            renew(&store, &key(), Some(&token), Some(100), &ctx).unwrap()
+        else {
+            panic!("not renewed")
+        };
+        assert_eq!(expires_in, 100);
+        let Renew::NotOwner { expires_in, .. } =
+            renew(&store, &key(), Some("other"), None, &ctx).unwrap()
+        else {
+            panic!("renewed with another token")
+        };
+        assert_eq!(expires_in, 100);
+    }
+
+    #[test]
     fn release_needs_the_token_or_force() {
         let store = Memory::default();
         assert_eq!(

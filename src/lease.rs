@@ -7,6 +7,9 @@
 //! boot-time clock that wrote a record (same boot id and same time
 //! namespace), expiry is judged on that clock, which wall-clock steps do not
 //! move; anywhere else it is judged on the wall clock against `expires`.
+//! A store says how a lock it saw is judged ([`Seen`]: the lease end it
+//! knows, whether the owner is comparable here) without editing the
+//! record, and [`verdict`] is the one judgement every answer uses.
 
 use crate::error::{Error, Result};
 use crate::liveness::{self, Origin};
@@ -233,8 +236,7 @@ pub fn verdict(seen: &Seen, now: &Now) -> Verdict {
 #[must_use]
 pub fn verdict_at(seen: &Seen, now: &Now, here: &Origin) -> Verdict {
     let left = seen_remaining_ms(seen, now);
-    let limit = i64::try_from((MAX_TTL + FUTURE_SLACK_SECS) * 1000).unwrap_or(i64::MAX);
-    if left > limit {
+    if impossible(left) {
         return Verdict::Stale {
             reason: StaleReason::Corrupt,
             expires_in: None,
@@ -242,6 +244,9 @@ pub fn verdict_at(seen: &Seen, now: &Now, here: &Origin) -> Verdict {
     }
     let expires_in = ceil_secs(left);
     let holder = seen.holder();
+    // `run`'s lock: held while any process of its group lives, past
+    // `expires` too (those members may still write); once none does, its
+    // wrapper (`owner_pid`) and its lease decide as for any lock.
     let reason = match seen.identity {
         Identity::Foreign => (left <= 0).then_some(StaleReason::Expired),
         Identity::Comparable if liveness::group_verdict(holder, here) == Some(true) => None,
@@ -298,37 +303,14 @@ pub fn remaining_ms(holder: &Holder, now: &Now) -> i64 {
 /// Slack for clock differences when judging an impossible lease.
 pub const FUTURE_SLACK_SECS: u64 = 300;
 
-/// A lease that ends further ahead than any ttl allows (more than 30 days
-/// plus 5 minutes from now) cannot have been written by a sane clock; it is
-/// treated as corrupt rather than blocking the lock for years.
+/// A lease with `left_ms` to run that ends further ahead than any ttl
+/// allows (more than 30 days plus 5 minutes from now) cannot have been
+/// written by a sane clock; it is treated as corrupt rather than blocking
+/// the lock for years.
 #[must_use]
-pub fn impossible(holder: &Holder, now: &Now) -> bool {
+pub fn impossible(left_ms: i64) -> bool {
     let limit = i64::try_from((MAX_TTL + FUTURE_SLACK_SECS) * 1000).unwrap_or(i64::MAX);
-    remaining_ms(holder, now) > limit
-}
-
-/// The verdict on a readable record: expired, owner gone, or live (`None`).
-#[must_use]
-pub fn stale_reason(holder: &Holder, now: &Now) -> Option<StaleReason> {
-    stale_reason_at(holder, now, Origin::here())
-}
-
-/// [`stale_reason`] judged from the given origin (tests pass another one).
-#[must_use]
-pub fn stale_reason_at(holder: &Holder, now: &Now, here: &Origin) -> Option<StaleReason> {
-    // `run`'s lock: held while any process of its group lives, past
-    // `expires` too (those members may still write); once none does, its
-    // wrapper (`owner_pid`) and its lease decide as for any lock.
-    if liveness::group_verdict(holder, here) == Some(true) {
-        return None;
-    }
-    if remaining_ms(holder, now) <= 0 {
-        Some(StaleReason::Expired)
-    } else if liveness::owner_gone(holder, here) {
-        Some(StaleReason::OwnerDead)
-    } else {
-        None
-    }
+    left_ms > limit
 }
 
 /// Whole seconds left, rounded up (a live lease shows at least 1), never negative.
@@ -390,8 +372,67 @@ mod tests {
             b.time_ns = Some(1);
         }
         assert_eq!(remaining_ms(&h, &other_ns), 1_000);
-        assert!(!impossible(&h, &now(0, None)));
+        assert!(!impossible(remaining_ms(&h, &now(0, None))));
         h.expires = Timestamp(i64::try_from(MAX_TTL + FUTURE_SLACK_SECS).unwrap() + 2);
-        assert!(impossible(&h, &now(1000, None)));
+        assert!(impossible(remaining_ms(&h, &now(1000, None))));
+    }
+
+    #[test]
+    fn a_seen_lock_is_judged_by_the_lease_end_and_identity_its_store_gives() {
+        // An owner that rebooted since on this machine: certainly gone,
+        // where its identity can be compared.
+        let here = Origin {
+            machine: Some("m".into()),
+            boot_id: Some("now".into()),
+            pid_ns: None,
+            pid_ns_start: None,
+            time_ns: None,
+        };
+        let mut rec = sample(None);
+        rec.holder.expires = Timestamp(100);
+        rec.holder.machine = Some("m".into());
+        rec.holder.boot_id = Some("before".into());
+        rec.holder.owner_pid = Some(4242);
+        rec.holder.deadline_boot_ms = None;
+        let at = now(90_000, None);
+        let mut seen = Seen::recorded(rec);
+        assert_eq!(
+            verdict_at(&seen, &at, &here),
+            Verdict::Stale {
+                reason: StaleReason::OwnerDead,
+                expires_in: Some(10)
+            }
+        );
+        // Foreign (a store machines share): its lease alone judges it.
+        seen.identity = Identity::Foreign;
+        assert_eq!(
+            verdict_at(&seen, &at, &here),
+            Verdict::Live { expires_in: 10 }
+        );
+        // A lease end the store knows better than the record: it decides,
+        // and the record is left as stored.
+        seen.lease_end = LeaseEnd::Wall(Timestamp(130));
+        assert_eq!(
+            verdict_at(&seen, &now(120_000, None), &here),
+            Verdict::Live { expires_in: 10 }
+        );
+        assert_eq!(seen.holder().expires, Timestamp(100));
+        assert_eq!(
+            verdict_at(&seen, &now(130_000, None), &here),
+            Verdict::Stale {
+                reason: StaleReason::Expired,
+                expires_in: Some(0)
+            }
+        );
+        // An impossible end is corrupt, whoever says it.
+        let far = i64::try_from(MAX_TTL + FUTURE_SLACK_SECS).unwrap() + 200;
+        seen.lease_end = LeaseEnd::Wall(Timestamp(far));
+        assert_eq!(
+            verdict_at(&seen, &now(0, None), &here),
+            Verdict::Stale {
+                reason: StaleReason::Corrupt,
+                expires_in: None
+            }
+        );
     }
 }

@@ -5,6 +5,12 @@
 //! every other step on the same lock ([`Store::update`]). The file store does
 //! that under a per-lock `flock` guard; a network store does it with a
 //! compare-and-swap transaction, re-running the decision when it lost a race.
+//!
+//! The invariant of the contract: what crosses it is never edited to steer
+//! the other side. A store shows the record as stored and says how it is
+//! judged ([`Seen`]); the engine builds every outcome from what the store
+//! reports it wrote ([`Written`]); events about a new lock get its fence in
+//! one place ([`Decision::events`]).
 
 #[cfg(feature = "etcd")]
 #[allow(

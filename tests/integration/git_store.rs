@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One remote for a test: a URL and the cache the binary uses.
-struct Remote {
+pub(crate) struct Remote {
     url: String,
     cache: PathBuf,
     _daemon: Option<Daemon>,
 }
 
 impl Remote {
-    fn file(env: &TestEnv) -> Self {
+    pub(crate) fn file(env: &TestEnv) -> Self {
         let repo = bare_repo(&env.path("remote.git"));
         Self {
             url: format!("git:file://{}", repo.display()),
@@ -41,7 +41,7 @@ impl Remote {
         }
     }
 
-    fn cmd(&self, cwd: &Path) -> Cmd {
+    pub(crate) fn cmd(&self, cwd: &Path) -> Cmd {
         Cmd::new(cwd)
             .env("SKILL_LOCK_STORE", &self.url)
             .env("SKILL_LOCK_GIT_CACHE", &self.cache)
@@ -253,7 +253,7 @@ fn two_clones_contend_through_origin_and_plain_clones_never_see_lock_refs() {
 }
 
 /// Pushes a lock state written by "another host" straight to the remote.
-fn plant(remote_dir: &Path, lock: &str, state: &Value) {
+pub(crate) fn plant(remote_dir: &Path, lock: &str, state: &Value) {
     let tmp = remote_dir.with_extension("plant");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
@@ -285,7 +285,7 @@ fn plant(remote_dir: &Path, lock: &str, state: &Value) {
     );
 }
 
-fn foreign_state(expires_ago: i64) -> Value {
+pub(crate) fn foreign_state(expires_ago: i64) -> Value {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

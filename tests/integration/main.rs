@@ -35,6 +35,7 @@ mod linearizable;
 mod races;
 mod run_tree;
 mod sandbox_pidns;
+mod store_contract;
 mod stress;
 mod verbs;
 mod wait_run;
