@@ -12,14 +12,20 @@
 //! `mod_revision == seen` to take over, renew or delete), so a decision can
 //! never act on a lock that changed after it looked; a lost race re-reads and
 //! decides again. Expiry is the etcd lease's, judged by the cluster: a read
-//! asks the cluster for the lease's remaining TTL and shows it in the frame
-//! of this host's clock. The fence of an acquisition is the key's
+//! asks the cluster for the lease's remaining TTL and shows the engine the
+//! record as stored, with that lease's end in the frame of this host's clock
+//! (`LeaseEnd::Wall`); a change reports the lease the cluster granted. The fence of an acquisition is the key's
 //! `mod_revision` after the winning transaction (kept in the record when a
 //! renewal rewrites it). Endpoints are tried in order, within one deadline
 //! (default 5 s): a dead endpoint never fails a command another one answers,
 //! and a cluster that does not answer yields `store_unavailable`, never a
 //! false `acquired`. The tokio runtime and the gRPC client exist only when an
 //! `etcd://` store is chosen; the file store never builds them.
+//!
+//! The files: `config` (the URL and its variables), `connect` (endpoints
+//! and deadlines), `round` (read-decide-act and settling a lost answer),
+//! `leases` (lease ends, grants, the short lease), `history`, `list`,
+//! `client` (the gRPC calls) and the generated `proto`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
