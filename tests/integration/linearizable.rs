@@ -890,16 +890,8 @@ fn file_store_is_linearizable_under_client_kills() {
 
 #[test]
 fn etcd_store_is_linearizable_under_client_kills_and_a_freezing_member() {
-    let ep = match std::env::var("SKILL_LOCK_TEST_ETCD") {
-        Ok(e) if !e.is_empty() => e.split(',').next().unwrap().to_owned(),
-        _ => {
-            assert!(
-                std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-                "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
-            );
-            eprintln!("SKIPPED: etcd linearizability (set SKILL_LOCK_TEST_ETCD=host:port)");
-            return;
-        }
+    let Some(ep) = common::etcd_endpoint("etcd linearizability") else {
+        return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");

@@ -14,7 +14,6 @@ use crate::common;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -22,8 +21,6 @@ use common::{BIN, Cmd, TestEnv};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// Where the lock lives.
 #[derive(Clone, Copy, Debug)]
@@ -58,23 +55,10 @@ impl World {
         let store = match store {
             Store::File => None,
             Store::Etcd => {
-                let Some(ep) = std::env::var("SKILL_LOCK_TEST_ETCD")
-                    .ok()
-                    .filter(|e| !e.is_empty())
-                else {
-                    assert!(
-                        std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-                        "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
-                    );
-                    eprintln!("SKIPPED: {test} on etcd needs SKILL_LOCK_TEST_ETCD=host:port");
-                    return None;
-                };
-                let ep = ep.split(',').next().unwrap_or(&ep).to_owned();
+                let ep = common::etcd_endpoint(&format!("{test} on etcd"))?;
                 Some(format!(
-                    "etcd://{ep}/run-tree/{}-{}-{}/",
-                    std::process::id(),
-                    env.root.file_name().unwrap().to_string_lossy(),
-                    SEQ.fetch_add(1, Ordering::SeqCst)
+                    "etcd://{ep}{}",
+                    common::etcd_prefix(&env, "run-tree")
                 ))
             }
         };
