@@ -4,6 +4,8 @@
 //! ports 24450-24499) always, and against etcd when `SKILL_LOCK_TEST_ETCD` names a reachable cluster
 //! (`host:port[,host:port]`); without it the etcd half is skipped visibly, and
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` (set by CI) turns the skip into a failure.
+//!
+//! Covers: SPEC §2, §7, §8.
 
 use crate::common;
 

@@ -3,6 +3,8 @@
 //! share one): leader SIGKILL, holder death across hosts, a SIGSTOPped member.
 //! Skipped visibly when `etcd` is not installed; `SKILL_LOCK_TEST_ETCD_REQUIRED=1`
 //! (set by CI) makes them mandatory. Failover times are printed.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 

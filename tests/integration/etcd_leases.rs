@@ -6,6 +6,8 @@
 //! Needs `SKILL_LOCK_TEST_ETCD=host:port` (one plain-text member is enough);
 //! skipped visibly without it, a failure under `SKILL_LOCK_TEST_ETCD_REQUIRED`.
 //! The faults come from small TCP proxies on loopback started by each test.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 

@@ -46,6 +46,8 @@
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` makes it mandatory. Ports 24500-24599
 //! only: members' clients 24501-24503, peers 24511-24513, proxies
 //! 24521-24523.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 

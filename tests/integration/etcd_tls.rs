@@ -2,6 +2,8 @@
 //! with `SKILL_LOCK_ETCD_CERT`/`_KEY`), against a node started with a
 //! throwaway CA made here by `openssl`. Skipped visibly without etcd/openssl;
 //! mandatory under `SKILL_LOCK_TEST_ETCD_REQUIRED=1`.
+//!
+//! Covers: SPEC §8.
 
 use crate::common;
 

@@ -13,6 +13,8 @@
 //! transaction and then never forwards another byte, on any connection
 //! (what a SIGSTOPped member looks like to a client), so the window is hit
 //! every time rather than one run in fifty.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 

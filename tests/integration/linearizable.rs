@@ -36,6 +36,8 @@
 //! `SKILL_LOCK_TEST_ETCD`; it is skipped visibly without it (a failure under
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED`). Each run prints its ops, unknown ops,
 //! faults and verdict per store.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 

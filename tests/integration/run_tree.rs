@@ -7,6 +7,8 @@
 //!
 //! Each scenario runs on the file store and, with `SKILL_LOCK_TEST_ETCD`
 //! set, on etcd (skipped visibly without it).
+//!
+//! Covers: SPEC §2.7.
 #![cfg(target_os = "linux")]
 
 use crate::common;

@@ -18,6 +18,8 @@
 //! `STRESS_SECS` (default 600) as back-to-back verified episodes.
 //! `STRESS_BIN` runs another build of the binary instead (only to show that
 //! the harness catches a deliberately broken one).
+//!
+//! Covers: SPEC §6, §7.
 
 use crate::common;
 use common::Value;

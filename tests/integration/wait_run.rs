@@ -3,6 +3,8 @@
 //!
 //! Timing bounds are deliberately generous: a bound only catches "never
 //! waited" or "waited far too long", never a few hundred milliseconds.
+//!
+//! Covers: SPEC §2.1, §2.7.
 
 use crate::common;
 
