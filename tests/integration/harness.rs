@@ -170,7 +170,10 @@ impl From<std::process::Output> for Out {
 }
 
 impl Out {
-    /// Asserts the exit status and the `result`, and returns the JSON.
+    /// Asserts the exit status and the `result`, and returns the JSON. The
+    /// object must also read as its typed mirror ([`verbs::Reply`]: every
+    /// field known, of the right type, the exit status the one its result
+    /// means), so no test passes on an object the contract does not define.
     #[track_caller]
     pub fn expect(&self, code: i32, result: &str) -> &Value {
         assert_eq!(
@@ -180,7 +183,14 @@ impl Out {
             self.stdout,
             self.stderr
         );
+        verbs::reply_of(self, &self.json);
         &self.json
+    }
+
+    /// The typed reply on stdout (the default way to read a result).
+    #[track_caller]
+    pub fn reply(&self) -> verbs::Reply {
+        verbs::reply(self)
     }
 
     /// Asserts an error object with this code and exit status 2.
