@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 pub use serde_json::Value;
 
 pub mod gitd;
+pub mod http2;
 
 /// Path of the binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
@@ -405,3 +406,31 @@ pub fn etcd_prefix(env: &TestEnv, tag: &str) -> String {
 /// A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
 /// each returning a typed mirror of the wire object.
 pub mod verbs;
+
+/// The wall clock, milliseconds since the epoch (what `expires` is compared with).
+pub fn wall_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// Is `pid` gone (no such process, or a zombie nobody has reaped yet: an
+/// orphan's new parent may not reap it at once, but a zombie has stopped)?
+/// Zombies are seen through Linux's `/proc`; elsewhere only the first half holds.
+pub fn gone(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks for existence.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}

@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, Cmd, TestEnv};
+use common::{BIN, Cmd, TestEnv, gone};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -207,21 +207,6 @@ impl Drop for World {
             }
         }
     }
-}
-
-/// Is `pid` gone (no such process, or a zombie)?
-fn gone(pid: i32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks for existence.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-    }
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
 
 fn sigkill_group(pgid: i32) {
