@@ -19,66 +19,66 @@ use crate::store::{AnyStore, Store};
 /// Anything that stops the command before it reaches an outcome (nothing
 /// was printed then).
 pub fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatus> {
+    let store = settings.store.open()?;
     let report = match &settings.action {
-        Action::List => return list(settings),
-        other => report(settings, other)?,
+        Action::List => return list(settings, &store),
+        other => report(settings, &store, other)?,
     };
     Ok(report.emit(channel))
 }
 
 /// The object of every action but `list` (which prints as it reads).
-fn report(settings: &Settings, action: &Action) -> Result<Report> {
+fn report(settings: &Settings, store: &AnyStore, action: &Action) -> Result<Report> {
     match action {
-        Action::Acquire { key, req, wait } => acquire(settings, key, req, *wait),
+        Action::Acquire { key, req, wait } => acquire(settings, store, key, req, *wait),
         Action::Run {
             key,
             req,
             wait,
             cmd,
-        } => run(settings, key, req, *wait, cmd),
-        Action::Renew { key, token, ttl } => renew(settings, key, token.as_deref(), *ttl),
-        Action::Release { key, token, force } => release(settings, key, token.as_deref(), *force),
-        Action::Status { key } => status(settings, key),
+        } => run(settings, store, key, req, *wait, cmd),
+        Action::Renew { key, token, ttl } => renew(settings, store, key, token.as_deref(), *ttl),
+        Action::Release { key, token, force } => {
+            release(settings, store, key, token.as_deref(), *force)
+        }
+        Action::Status { key } => status(settings, store, key),
         Action::List => Err(crate::error::Error::Internal(
             "list prints as it reads".into(),
         )),
-        Action::Check { key, token } => check(settings, key, token),
-        Action::History { key, limit } => history(settings, key.as_ref(), *limit),
+        Action::Check { key, token } => check(settings, store, key, token),
+        Action::History { key, limit } => history(store, key.as_ref(), *limit),
     }
-}
-
-fn store(settings: &Settings) -> &AnyStore {
-    &settings.store.store
 }
 
 fn context(settings: &Settings) -> Context {
     Context::with_clock(settings.clock.clone())
 }
 
-fn about(settings: &Settings, key: &LockKey) -> About {
-    About::new(key, store(settings))
+fn about(store: &AnyStore, key: &LockKey) -> About {
+    About::new(key, store)
 }
 
 fn acquire(
     settings: &Settings,
+    store: &AnyStore,
     key: &LockKey,
     req: &AcquireRequest,
     wait: Option<Duration>,
 ) -> Result<Report> {
-    let outcome = crate::wait::acquire_waiting(store(settings), key, req, wait, &settings.clock)?;
-    Ok(Report::acquire(outcome, about(settings, key), || {
+    let outcome = crate::wait::acquire_waiting(store, key, req, wait, &settings.clock)?;
+    Ok(Report::acquire(outcome, about(store, key), || {
         crate::hint::release_force(key, settings)
     }))
 }
 
 fn run(
     settings: &Settings,
+    store: &AnyStore,
     key: &LockKey,
     req: &AcquireRequest,
     wait: Option<Duration>,
     cmd: &[OsString],
 ) -> Result<Report> {
-    let store = store(settings);
     // Found before the lock is touched: a command that cannot start takes no lock.
     let program = crate::run::resolve(cmd, settings.env.path.as_deref())?;
     Ok(
@@ -92,50 +92,54 @@ fn run(
             &settings.clock,
         )? {
             crate::run::Outcome::NotAcquired(outcome) => {
-                Report::acquire(outcome, about(settings, key), || {
+                Report::acquire(outcome, about(store, key), || {
                     crate::hint::release_force(key, settings)
                 })
             }
-            crate::run::Outcome::Interrupted(sig) => Report::interrupted(about(settings, key), sig),
-            crate::run::Outcome::Ran { fence, ran } => {
-                Report::ran(about(settings, key), fence, &ran)
-            }
+            crate::run::Outcome::Interrupted(sig) => Report::interrupted(about(store, key), sig),
+            crate::run::Outcome::Ran { fence, ran } => Report::ran(about(store, key), fence, &ran),
         },
     )
 }
 
 fn renew(
     settings: &Settings,
+    store: &AnyStore,
     key: &LockKey,
     token: Option<&str>,
     ttl: Option<u64>,
 ) -> Result<Report> {
-    let outcome = engine::renew(store(settings), key, token, ttl, &context(settings))?;
-    Ok(Report::renew(outcome, about(settings, key)))
+    let outcome = engine::renew(store, key, token, ttl, &context(settings))?;
+    Ok(Report::renew(outcome, about(store, key)))
 }
 
-fn release(settings: &Settings, key: &LockKey, token: Option<&str>, force: bool) -> Result<Report> {
-    let outcome = engine::release(store(settings), key, token, force, &context(settings))?;
-    Ok(Report::release(outcome, about(settings, key)))
+fn release(
+    settings: &Settings,
+    store: &AnyStore,
+    key: &LockKey,
+    token: Option<&str>,
+    force: bool,
+) -> Result<Report> {
+    let outcome = engine::release(store, key, token, force, &context(settings))?;
+    Ok(Report::release(outcome, about(store, key)))
 }
 
-fn status(settings: &Settings, key: &LockKey) -> Result<Report> {
-    let state = engine::status(store(settings), key, &context(settings))?;
-    Ok(Report::status(state, about(settings, key)))
+fn status(settings: &Settings, store: &AnyStore, key: &LockKey) -> Result<Report> {
+    let state = engine::status(store, key, &context(settings))?;
+    Ok(Report::status(state, about(store, key)))
 }
 
-fn list(settings: &Settings) -> Result<ExitStatus> {
-    crate::output::print_list(store(settings), &context(settings))
+fn list(settings: &Settings, store: &AnyStore) -> Result<ExitStatus> {
+    crate::output::print_list(store, &context(settings))
 }
 
-fn check(settings: &Settings, key: &LockKey, token: &str) -> Result<Report> {
-    let outcome = engine::check(store(settings), key, token, &context(settings))?;
-    Ok(Report::check(outcome, about(settings, key)))
+fn check(settings: &Settings, store: &AnyStore, key: &LockKey, token: &str) -> Result<Report> {
+    let outcome = engine::check(store, key, token, &context(settings))?;
+    Ok(Report::check(outcome, about(store, key)))
 }
 
-fn history(settings: &Settings, key: Option<&LockKey>, limit: usize) -> Result<Report> {
-    let store = store(settings);
-    let about = key.map(|k| about(settings, k));
+fn history(store: &AnyStore, key: Option<&LockKey>, limit: usize) -> Result<Report> {
+    let about = key.map(|k| about(store, k));
     Ok(Report::history(
         about,
         store.describe(),

@@ -19,9 +19,87 @@ use crate::root;
 use crate::store::AnyStore;
 use crate::store::fs::FileStore;
 use crate::store::fs::layer::Location;
+use crate::store::git::{GitConfig, GitStore};
 
 /// The store setting in the personal layer (SPEC §8).
 pub const CONFIG_FILE: &str = "skill-lock.toml";
+
+/// The variables the stores read (SPEC §8), each named once.
+pub mod var {
+    /// Seconds one command's git work may take.
+    pub const GIT_TIMEOUT: &str = "SKILL_LOCK_GIT_TIMEOUT";
+    /// The clock-skew allowance of the git store, seconds.
+    pub const CLOCK_SKEW: &str = "SKILL_LOCK_CLOCK_SKEW";
+    /// Commits in a lock's chain before the git store starts a new root.
+    pub const GIT_HISTORY_DEPTH: &str = "SKILL_LOCK_GIT_HISTORY_DEPTH";
+    /// The git store's private cache repository.
+    pub const GIT_CACHE: &str = "SKILL_LOCK_GIT_CACHE";
+    /// Seconds one command's etcd work may take.
+    pub const ETCD_TIMEOUT: &str = "SKILL_LOCK_ETCD_TIMEOUT";
+    /// PEM file of the CA that signs the etcd servers' certificates.
+    pub const ETCD_CA: &str = "SKILL_LOCK_ETCD_CA";
+    /// PEM file of the etcd client certificate.
+    pub const ETCD_CERT: &str = "SKILL_LOCK_ETCD_CERT";
+    /// PEM file of the etcd client key.
+    pub const ETCD_KEY: &str = "SKILL_LOCK_ETCD_KEY";
+    /// The etcd user name.
+    pub const ETCD_USER: &str = "SKILL_LOCK_ETCD_USER";
+    /// The etcd user's password.
+    pub const ETCD_PASSWORD: &str = "SKILL_LOCK_ETCD_PASSWORD";
+    /// Where the user's caches go (the git store's default cache).
+    pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
+    /// The user's home (the git store's default cache, without `XDG_CACHE_HOME`).
+    pub const HOME: &str = "HOME";
+    /// git's ssh command: when set, the git store leaves ssh to it.
+    pub const GIT_SSH_COMMAND: &str = "GIT_SSH_COMMAND";
+    /// git's older ssh program variable, read like `GIT_SSH_COMMAND`.
+    pub const GIT_SSH: &str = "GIT_SSH";
+    /// Configuration entries the user passes git (the git store's follow them).
+    pub const GIT_CONFIG_COUNT: &str = "GIT_CONFIG_COUNT";
+
+    /// Every variable above: what [`super::Vars`] holds.
+    pub const ALL: [&str; 15] = [
+        GIT_TIMEOUT,
+        CLOCK_SKEW,
+        GIT_HISTORY_DEPTH,
+        GIT_CACHE,
+        ETCD_TIMEOUT,
+        ETCD_CA,
+        ETCD_CERT,
+        ETCD_KEY,
+        ETCD_USER,
+        ETCD_PASSWORD,
+        XDG_CACHE_HOME,
+        HOME,
+        GIT_SSH_COMMAND,
+        GIT_SSH,
+        GIT_CONFIG_COUNT,
+    ];
+}
+
+/// The store variables of [`var::ALL`] that were set, not empty and UTF-8,
+/// read once; stores ask this, never the process environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Vars(Vec<(&'static str, String)>);
+
+impl Vars {
+    /// The value of `name` (one of [`var::ALL`]), when it was set.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `self` with `name` set to `value` (tests, and callers of the library).
+    #[must_use]
+    pub fn with(mut self, name: &'static str, value: &str) -> Self {
+        self.0.retain(|(k, _)| *k != name);
+        self.0.push((name, value.to_owned()));
+        self
+    }
+}
 
 /// What the process was started with, read once: everything else gets it
 /// passed down and never reads the environment itself.
@@ -43,6 +121,8 @@ pub struct Environment {
     /// Started by uv (`uvx`, `uv run`, `uv tool run` set `UV`): uv then put
     /// its tool environment's `bin/` first on `PATH`, for this process only.
     pub under_uv: bool,
+    /// The variables the stores read.
+    pub vars: Vars,
 }
 
 impl Environment {
@@ -57,15 +137,21 @@ impl Environment {
     pub fn read() -> Result<Self> {
         let cwd =
             std::env::current_dir().map_err(|e| Error::io("read", "the current directory", e))?;
-        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        let get = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         Ok(Self {
             cwd,
-            store: var("SKILL_LOCK_STORE"),
-            launcher: var("SKILL_LOCK_LAUNCHER"),
-            path: var("PATH"),
-            token: var("SKILL_LOCK_TOKEN"),
+            store: get("SKILL_LOCK_STORE"),
+            launcher: get("SKILL_LOCK_LAUNCHER"),
+            path: get("PATH"),
+            token: get("SKILL_LOCK_TOKEN"),
             exe: std::env::current_exe().ok(),
-            under_uv: var("UV").is_some(),
+            under_uv: get("UV").is_some(),
+            vars: Vars(
+                var::ALL
+                    .iter()
+                    .filter_map(|&k| Some((k, get(k)?.into_string().ok()?)))
+                    .collect(),
+            ),
         })
     }
 }
@@ -234,17 +320,60 @@ pub enum StoreSource {
     Default,
 }
 
-/// The resolved store and what the hint needs to name it again.
+/// A store as named, parsed and checked but not opened (SPEC §8): choosing
+/// one runs no program, reads no key file and connects nowhere.
+#[derive(Debug, Clone)]
+pub enum StoreSpec {
+    /// The file store of a personal layer, or at `file:DIR`.
+    File(Location),
+    /// A git store.
+    Git(GitConfig),
+    /// An etcd store, by its URL (read when it is opened).
+    #[cfg(feature = "etcd")]
+    Etcd(String),
+}
+
+/// The chosen store and what the hint needs to name it again.
 #[derive(Debug, Clone)]
 pub struct StoreChoice {
-    /// The store to use.
-    pub store: AnyStore,
+    /// The store to open.
+    pub spec: StoreSpec,
     /// Where the choice came from.
     pub source: StoreSource,
     /// The URL as given (flag, env or config file).
     pub url: Option<String>,
     /// The project root, when one was resolved.
     pub root: Option<PathBuf>,
+}
+
+impl StoreChoice {
+    /// Opens the store: a git remote name is resolved in its checkout, an
+    /// etcd store reads its TLS files and starts its client runtime (it
+    /// connects on its first operation); a file store opens nothing yet.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a git remote that names nothing or an etcd
+    /// setting that is wrong; [`Error::StoreUnavailable`], [`Error::Internal`]
+    /// as the store says. No message carries the URL's credentials.
+    pub fn open(&self) -> Result<AnyStore> {
+        let opened = match &self.spec {
+            StoreSpec::File(location) => Ok(AnyStore::File(FileStore::at(location.clone()))),
+            StoreSpec::Git(config) => GitStore::open(config.clone()).map(AnyStore::Git),
+            #[cfg(feature = "etcd")]
+            StoreSpec::Etcd(url) => crate::store::etcd::EtcdStore::new(url).map(AnyStore::Etcd),
+        };
+        opened.map_err(redacted)
+    }
+}
+
+/// `e` without the credentials of any URL it names.
+fn redacted(e: Error) -> Error {
+    use crate::store::git::redact;
+    match e {
+        Error::Usage(m) => Error::Usage(redact(&m)),
+        Error::StoreUnavailable(m) => Error::StoreUnavailable(redact(&m)),
+        other => other,
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -259,6 +388,7 @@ fn from_url(
     cwd: &Path,
     source: StoreSource,
     root: Option<PathBuf>,
+    vars: &Vars,
 ) -> Result<StoreChoice> {
     use crate::store::git::{has_secret, redact};
     if source == StoreSource::Flag && has_secret(url) {
@@ -268,41 +398,29 @@ fn from_url(
             redact(url)
         )));
     }
-    open_url(url, cwd, source, root).map_err(|e| match e {
-        Error::Usage(m) => Error::Usage(redact(&m)),
-        Error::StoreUnavailable(m) => Error::StoreUnavailable(redact(&m)),
-        other => other,
+    let spec = parse_url(url, cwd, vars).map_err(redacted)?;
+    Ok(StoreChoice {
+        spec,
+        source,
+        url: Some(url.to_owned()),
+        root,
     })
 }
 
-fn open_url(
-    url: &str,
-    cwd: &Path,
-    source: StoreSource,
-    root: Option<PathBuf>,
-) -> Result<StoreChoice> {
+/// Parses a store URL (SPEC §8), relative `file:` directories and git
+/// paths against `cwd`.
+fn parse_url(url: &str, cwd: &Path, vars: &Vars) -> Result<StoreSpec> {
     let Some(dir) = url.strip_prefix("file:") else {
         if url.starts_with("etcd://") || url.starts_with("etcds://") {
             #[cfg(feature = "etcd")]
-            return Ok(StoreChoice {
-                store: AnyStore::Etcd(crate::store::etcd::EtcdStore::new(url)?),
-                source,
-                url: Some(url.to_owned()),
-                root,
-            });
+            return Ok(StoreSpec::Etcd(url.to_owned()));
             #[cfg(not(feature = "etcd"))]
             return Err(Error::StoreUnavailable(format!(
                 "store {url:?}: this build has no etcd store (feature \"etcd\"); use file:DIR or the default"
             )));
         }
         if url.starts_with("git:") {
-            let store = AnyStore::Git(crate::store::git::GitStore::new(url, cwd)?);
-            return Ok(StoreChoice {
-                store,
-                source,
-                url: Some(url.to_owned()),
-                root,
-            });
+            return GitConfig::parse(url, cwd, vars).map(StoreSpec::Git);
         }
         return Err(Error::Usage(format!(
             "unknown store {url:?}: use git:REMOTE[#NAMESPACE], etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR"
@@ -313,18 +431,7 @@ fn open_url(
             "store file: needs a directory, e.g. file:/var/tmp/locks".into(),
         ));
     }
-    let dir = Path::new(dir);
-    let dir = if dir.is_absolute() {
-        dir.to_path_buf()
-    } else {
-        cwd.join(dir)
-    };
-    Ok(StoreChoice {
-        store: AnyStore::File(FileStore::new(&dir)),
-        source,
-        url: Some(url.to_owned()),
-        root,
-    })
+    Ok(StoreSpec::File(Location::new(&cwd.join(dir), &[])))
 }
 
 /// Resolves the store for this invocation (SPEC §8).
@@ -344,10 +451,22 @@ pub fn choose_store(
     };
     let cwd = &env.cwd;
     if let Some(url) = flag {
-        return from_url(&text(url, "--store")?, cwd, StoreSource::Flag, None);
+        return from_url(
+            &text(url, "--store")?,
+            cwd,
+            StoreSource::Flag,
+            None,
+            &env.vars,
+        );
     }
     if let Some(url) = &env.store {
-        return from_url(&text(url, "SKILL_LOCK_STORE")?, cwd, StoreSource::Env, None);
+        return from_url(
+            &text(url, "SKILL_LOCK_STORE")?,
+            cwd,
+            StoreSource::Env,
+            None,
+            &env.vars,
+        );
     }
     let root = root::discover(root_flag, cwd)?;
     let layer = layer::resolve(&root)?;
@@ -370,11 +489,17 @@ pub fn choose_store(
             ))
         })?;
         if let Some(url) = parsed.store {
-            return from_url(&url, &root.clone(), StoreSource::ConfigFile, Some(root));
+            return from_url(
+                &url,
+                &root.clone(),
+                StoreSource::ConfigFile,
+                Some(root),
+                &env.vars,
+            );
         }
     }
     Ok(StoreChoice {
-        store: AnyStore::File(FileStore::at(location)),
+        spec: StoreSpec::File(location),
         source: StoreSource::Default,
         url: None,
         root: Some(root),

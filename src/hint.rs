@@ -134,13 +134,10 @@ mod tests {
     #[test]
     fn uvs_own_path_entry_is_not_the_shells() {
         let env = |under_uv| Environment {
-            token: None,
             cwd: PathBuf::from("/w"),
-            store: None,
-            launcher: None,
             path: Some("/cache/env/bin:/usr/bin".into()),
-            exe: None,
             under_uv,
+            ..Environment::default()
         };
         let exe = Path::new("/cache/env/bin/skill-lock");
         assert_eq!(shell_path(&env(true), exe), [PathBuf::from("/usr/bin")]);
@@ -155,16 +152,16 @@ mod tests {
     /// variable, so the hint works pasted and never shows the secret.
     #[test]
     fn a_store_with_credentials_is_named_by_its_variable() {
-        use crate::config::{Action, Settings, StoreChoice};
-        use crate::store::AnyStore;
+        use crate::config::{Action, Settings, StoreChoice, StoreSpec, Vars};
+        use crate::store::git::GitConfig;
         let url = "git:https://someone:s3cret@example.com/coord.git";
         let key = LockKey::new("s", "o/r").unwrap();
         let hint = |url: &str, source| {
-            let store = crate::store::git::GitStore::new(url, Path::new("/w")).unwrap();
+            let config = GitConfig::parse(url, Path::new("/w"), &Vars::default()).unwrap();
             let settings = Settings {
                 action: Action::List,
                 store: StoreChoice {
-                    store: AnyStore::Git(store),
+                    spec: StoreSpec::Git(config),
                     source,
                     url: Some(url.to_owned()),
                     root: None,

@@ -19,10 +19,6 @@
 )]
 pub mod etcd;
 pub mod fs;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the git store reads its own timeout, skew and cache variables, git's GIT_SSH_COMMAND, and resolves remote names from the checkout"
-)]
 pub mod git;
 
 use crate::error::Result;

@@ -1,5 +1,7 @@
 //! The contract of SPEC §2-§6 through the real binary, in real temporary git
 //! repositories, worktrees, svn-like folders and plain folders.
+//!
+//! Covers: SPEC §2, §3, §4, §5, §6.
 
 use crate::common;
 

@@ -4,6 +4,8 @@
 //! ports 24450-24499) always, and against etcd when `SKILL_LOCK_TEST_ETCD` names a reachable cluster
 //! (`host:port[,host:port]`); without it the etcd half is skipped visibly, and
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` (set by CI) turns the skip into a failure.
+//!
+//! Covers: SPEC §2, §7, §8.
 
 use crate::common;
 
@@ -42,29 +44,18 @@ fn backends(env: &TestEnv) -> Vec<Backend> {
         etcd: false,
         git: Some((env.path("git-cache"), Some(daemon))),
     });
-    match std::env::var("SKILL_LOCK_TEST_ETCD") {
-        Ok(eps) if !eps.is_empty() => {
-            let n = PREFIX_SEQ.fetch_add(1, Ordering::SeqCst);
-            let unique = format!(
-                "{}-{}-{n}",
-                std::process::id(),
-                env.root.file_name().unwrap().to_string_lossy()
-            );
-            out.push(Backend {
-                url: format!("etcd://{eps}/conformance/{unique}/"),
-                etcd: true,
-                git: None,
-            });
-        }
-        _ => {
-            assert!(
-                std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-                "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
-            );
-            eprintln!(
-                "SKIPPED: the etcd half of the conformance suite (set SKILL_LOCK_TEST_ETCD=host:port)"
-            );
-        }
+    if let Some(eps) = common::etcd_endpoints("the etcd half of the conformance suite") {
+        let n = PREFIX_SEQ.fetch_add(1, Ordering::SeqCst);
+        let unique = format!(
+            "{}-{}-{n}",
+            std::process::id(),
+            env.root.file_name().unwrap().to_string_lossy()
+        );
+        out.push(Backend {
+            url: format!("etcd://{eps}/conformance/{unique}/"),
+            etcd: true,
+            git: None,
+        });
     }
     out
 }
@@ -554,11 +545,8 @@ fn an_unreachable_cluster_is_store_unavailable_in_bounded_time() {
 #[test]
 fn a_dead_first_endpoint_does_not_fail_the_command() {
     let env = TestEnv::new();
-    let Some(eps) = std::env::var("SKILL_LOCK_TEST_ETCD")
-        .ok()
-        .filter(|e| !e.is_empty())
+    let Some(eps) = common::etcd_endpoints("a_dead_first_endpoint_does_not_fail_the_command")
     else {
-        eprintln!("SKIPPED: a_dead_first_endpoint_does_not_fail_the_command needs etcd");
         return;
     };
     let cwd = env.dir("w");

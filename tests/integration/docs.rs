@@ -1,5 +1,7 @@
 //! The man pages and completions generated from the clap definition name
 //! every command and every option, so the shipped docs cannot drift.
+//!
+//! Covers: SPEC §2.
 
 #[test]
 fn man_pages_and_completions_name_every_command_and_option() {
@@ -78,4 +80,46 @@ fn completions_print_a_script_for_every_shell() {
     }
     let out = env.cmd(&env.root).args(["completions", "tcsh"]).run();
     out.expect_error("usage");
+}
+
+/// Every test module names the SPEC sections it covers, and docs/tests.md's
+/// index says the same (so the index cannot drift from the tests).
+#[test]
+fn every_test_module_names_the_spec_sections_it_covers() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration");
+    let main = std::fs::read_to_string(dir.join("main.rs")).unwrap();
+    let index = std::fs::read_to_string(dir.join("../../docs/tests.md")).unwrap();
+    let mut modules = 0;
+    for line in main.lines() {
+        let Some(name) = line.strip_prefix("mod ").and_then(|l| l.strip_suffix(';')) else {
+            continue;
+        };
+        if name == "harness" {
+            continue;
+        }
+        modules += 1;
+        let text = std::fs::read_to_string(dir.join(format!("{name}.rs"))).unwrap();
+        let covers = text
+            .lines()
+            .take_while(|l| l.starts_with("//!") || l.starts_with("#!"))
+            .find_map(|l| l.strip_prefix("//! Covers: SPEC "))
+            .unwrap_or_else(|| {
+                panic!("{name}.rs: no `//! Covers: SPEC §...` line in its module doc")
+            });
+        let covers = covers.trim_end_matches('.');
+        assert!(
+            covers.split(", ").all(|s| s.starts_with('§')),
+            "{name}.rs: `Covers:` lists sections as §N, §N.M: {covers}"
+        );
+        let row = format!("| `{name}` | {covers} |");
+        assert!(
+            index.lines().any(|l| l == row),
+            "docs/tests.md has no row {row:?} (the module's `Covers:` line)"
+        );
+    }
+    let rows = index.lines().filter(|l| l.starts_with("| `")).count();
+    assert_eq!(
+        rows, modules,
+        "docs/tests.md lists a module the test binary does not have"
+    );
 }

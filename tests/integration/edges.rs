@@ -1,6 +1,8 @@
 //! Bad input at the edges (SPEC §7 "Bad input", issue 3): every case gets a
 //! clear error object or a documented safe outcome, never a panic or a
 //! half-written file.
+//!
+//! Covers: SPEC §2, §7.
 
 use crate::common;
 

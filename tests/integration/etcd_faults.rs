@@ -3,6 +3,8 @@
 //! share one): leader SIGKILL, holder death across hosts, a SIGSTOPped member.
 //! Skipped visibly when `etcd` is not installed; `SKILL_LOCK_TEST_ETCD_REQUIRED=1`
 //! (set by CI) makes them mandatory. Failover times are printed.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 
@@ -30,59 +32,25 @@ impl Drop for Cluster {
 }
 
 fn have_etcd() -> bool {
-    let found = Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-            "etcd is required (SKILL_LOCK_TEST_ETCD_REQUIRED) but not installed"
-        );
-        eprintln!("SKIPPED: etcd fault tests (no etcd binary; apt-get install etcd-server)");
-    }
-    found
+    common::have_programs(
+        "the etcd fault tests",
+        &[("etcd", "--version"), ("etcdctl", "version")],
+    )
 }
 
 impl Cluster {
     /// Starts members on client ports base+1..=base+3 (peers base+11..=base+13).
     fn start(dir: &Path, base: u16) -> Self {
         let ports: Vec<u16> = (1..=3).map(|i| base + i).collect();
-        let initial = (1..=3)
-            .map(|i| format!("n{i}=http://127.0.0.1:{}", base + 10 + i))
-            .collect::<Vec<_>>()
-            .join(",");
-        let members = (1..=3u16)
+        let peers: Vec<u16> = (1..=3).map(|i| base + 10 + i).collect();
+        let clients = common::loopback_urls(&ports);
+        let tuning = common::EtcdTuning {
+            heartbeat_ms: 25,
+            election_ms: 250,
+        };
+        let members = (0..3)
             .map(|i| {
-                let client = format!("http://127.0.0.1:{}", base + i);
-                let peer = format!("http://127.0.0.1:{}", base + 10 + i);
-                Command::new("etcd")
-                    .args(["--name", &format!("n{i}")])
-                    .arg("--data-dir")
-                    .arg(dir.join(format!("n{i}")))
-                    .args([
-                        "--listen-client-urls",
-                        &client,
-                        "--advertise-client-urls",
-                        &client,
-                    ])
-                    .args([
-                        "--listen-peer-urls",
-                        &peer,
-                        "--initial-advertise-peer-urls",
-                        &peer,
-                    ])
-                    .args([
-                        "--initial-cluster",
-                        &initial,
-                        "--initial-cluster-state",
-                        "new",
-                    ])
-                    .args(["--initial-cluster-token", &format!("t{base}")])
-                    .args(["--heartbeat-interval", "25", "--election-timeout", "250"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
+                common::etcd_member(dir, i, &clients, &peers, tuning)
                     .spawn()
                     .expect("etcd starts")
             })

@@ -6,8 +6,11 @@
 //! Needs `SKILL_LOCK_TEST_ETCD=host:port` (one plain-text member is enough);
 //! skipped visibly without it, a failure under `SKILL_LOCK_TEST_ETCD_REQUIRED`.
 //! The faults come from small TCP proxies on loopback started by each test.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
+use common::http2::FrameWatch;
 
 use common::{Cmd, TestEnv};
 use std::io::{Read, Write};
@@ -42,38 +45,6 @@ fn hung_endpoint() -> String {
     addr
 }
 
-/// Splits an HTTP/2 byte stream into frames and says when a DATA frame
-/// with a payload larger than `big` went by (a transaction carrying an owner
-/// record: reads, lease grants and keep-alives are a few dozen bytes).
-struct FrameWatch {
-    buf: Vec<u8>,
-    preface_left: usize,
-    big: usize,
-}
-
-impl FrameWatch {
-    fn feed(&mut self, bytes: &[u8]) -> bool {
-        self.buf.extend_from_slice(bytes);
-        let skip = self.preface_left.min(self.buf.len());
-        self.buf.drain(..skip);
-        self.preface_left -= skip;
-        let mut seen = false;
-        while self.buf.len() >= 9 {
-            let len = (usize::from(self.buf[0]) << 16)
-                | (usize::from(self.buf[1]) << 8)
-                | usize::from(self.buf[2]);
-            if self.buf.len() < 9 + len {
-                break;
-            }
-            if self.buf[3] == 0 && len > self.big {
-                seen = true;
-            }
-            self.buf.drain(..9 + len);
-        }
-        seen
-    }
-}
-
 /// A TCP proxy to `target` that, on the connection which carries the first
 /// transaction with a record, forwards the request and then swallows every
 /// answer on that connection (the member committed; the client never hears
@@ -93,11 +64,7 @@ fn answer_eating_proxy(target: String) -> String {
             // client -> server, watching for the transaction
             std::thread::spawn(move || {
                 let (mut from, mut to) = (c2, s2);
-                let mut watch = FrameWatch {
-                    buf: Vec::new(),
-                    preface_left: 24,
-                    big: 300,
-                };
+                let mut watch = FrameWatch::new(300);
                 let mut b = [0u8; 16384];
                 while let Ok(n) = from.read(&mut b) {
                     if n == 0 || to.write_all(&b[..n]).is_err() {

@@ -46,6 +46,8 @@
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` makes it mandatory. Ports 24500-24599
 //! only: members' clients 24501-24503, peers 24511-24513, proxies
 //! 24521-24523.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 
@@ -290,26 +292,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, m: &AtomicU8, d: &AtomicU64, s: 
 // ---------------------------------------------------------------- cluster
 
 fn have_etcd() -> bool {
-    let runs = |bin: &str, arg: &str| {
-        Command::new(bin)
-            .arg(arg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok()
-    };
-    let found = runs("etcd", "--version") && runs("etcdctl", "version");
-    if !found {
-        assert!(
-            std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED")
-                .is_none_or(|v| v.is_empty() || v == "0"),
-            "etcd and etcdctl are required (SKILL_LOCK_TEST_ETCD_REQUIRED) but not installed"
-        );
-        eprintln!(
-            "SKIPPED: etcd nemesis test (no etcd or etcdctl; apt-get install etcd-server etcd-client)"
-        );
-    }
-    found
+    common::have_programs(
+        "the etcd nemesis test",
+        &[("etcd", "--version"), ("etcdctl", "version")],
+    )
 }
 
 /// Three members; `None` while one is killed.
@@ -330,26 +316,13 @@ fn proxy_port(i: usize) -> u16 {
 
 impl Cluster {
     fn spawn(dir: &Path, i: usize) -> Child {
-        let initial = (0..3)
-            .map(|k| format!("n{k}=http://127.0.0.1:{}", BASE + 11 + k as u16))
-            .collect::<Vec<_>>()
-            .join(",");
-        let client = format!("http://127.0.0.1:{}", client_port(i));
-        let peer = format!("http://127.0.0.1:{}", BASE + 11 + i as u16);
-        Command::new("etcd")
-            .args(["--name", &format!("n{i}")])
-            .arg("--data-dir")
-            .arg(dir.join(format!("n{i}")))
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &initial])
-            .args(["--initial-cluster-state", "new"])
-            .args(["--initial-cluster-token", "nemesis"])
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let clients: Vec<u16> = (0..3).map(client_port).collect();
+        let peers: Vec<u16> = (0..3).map(|k| BASE + 11 + k as u16).collect();
+        let tuning = common::EtcdTuning {
+            heartbeat_ms: 50,
+            election_ms: 500,
+        };
+        common::etcd_member(dir, i, &common::loopback_urls(&clients), &peers, tuning)
             .spawn()
             .expect("etcd starts")
     }

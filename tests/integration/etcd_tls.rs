@@ -2,6 +2,8 @@
 //! with `SKILL_LOCK_ETCD_CERT`/`_KEY`), against a node started with a
 //! throwaway CA made here by `openssl`. Skipped visibly without etcd/openssl;
 //! mandatory under `SKILL_LOCK_TEST_ETCD_REQUIRED=1`.
+//!
+//! Covers: SPEC §8.
 
 use crate::common;
 
@@ -87,22 +89,10 @@ fn make_pki(dir: &Path) {
 
 #[test]
 fn etcds_with_a_private_ca_and_client_certificates() {
-    let have = Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok()
-        && Command::new("openssl")
-            .arg("version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok();
-    if !have {
-        assert!(
-            std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-            "etcd and openssl are required"
-        );
-        eprintln!("SKIPPED: etcd TLS test (needs etcd and openssl)");
+    if !common::have_programs(
+        "the etcd TLS test",
+        &[("etcd", "--version"), ("openssl", "version")],
+    ) {
         return;
     }
     let env = TestEnv::new();
@@ -110,40 +100,26 @@ fn etcds_with_a_private_ca_and_client_certificates() {
     make_pki(&pki);
     let p = |f: &str| pki.join(f).display().to_string();
     let client_url = "https://127.0.0.1:24401";
-    let mut etcd = Command::new("etcd")
-        .args(["--name", "tls", "--data-dir"])
-        .arg(env.path("data"))
-        .args([
-            "--listen-client-urls",
-            client_url,
-            "--advertise-client-urls",
-            client_url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            "http://127.0.0.1:24411",
-            "--initial-advertise-peer-urls",
-            "http://127.0.0.1:24411",
-        ])
-        .args([
-            "--initial-cluster",
-            "tls=http://127.0.0.1:24411",
-            "--heartbeat-interval",
-            "10",
-            "--election-timeout",
-            "100",
-        ])
-        .args([
-            "--cert-file",
-            &p("server.pem"),
-            "--key-file",
-            &p("server.key"),
-        ])
-        .args(["--client-cert-auth", "--trusted-ca-file", &p("ca.pem")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let tuning = common::EtcdTuning {
+        heartbeat_ms: 10,
+        election_ms: 100,
+    };
+    let mut etcd = common::etcd_member(
+        &env.path("data"),
+        0,
+        &[client_url.to_owned()],
+        &[24411],
+        tuning,
+    )
+    .args([
+        "--cert-file",
+        &p("server.pem"),
+        "--key-file",
+        &p("server.key"),
+    ])
+    .args(["--client-cert-auth", "--trusted-ca-file", &p("ca.pem")])
+    .spawn()
+    .unwrap();
     let cwd = env.dir("w");
     let url = "etcds://127.0.0.1:24401";
     let with_tls = |cmd: Cmd| {

@@ -13,8 +13,11 @@
 //! transaction and then never forwards another byte, on any connection
 //! (what a SIGSTOPped member looks like to a client), so the window is hit
 //! every time rather than one run in fifty.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
+use common::http2::FrameWatch;
 
 use base64::Engine as _;
 use common::{Cmd, TestEnv, Value};
@@ -25,7 +28,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 fn etcd(test: &str) -> Option<String> {
     common::etcd_endpoint(test)
@@ -37,16 +40,6 @@ fn prefix(env: &TestEnv) -> String {
 
 fn cmd(cwd: &Path, store: &str) -> Cmd {
     Cmd::new(cwd).env("SKILL_LOCK_STORE", store)
-}
-
-fn wall_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
 }
 
 /// A result's time field, in milliseconds since the epoch.
@@ -77,7 +70,7 @@ fn granted_ttl(ep: &str, key: &str) -> u64 {
 
 /// Sleeps until `at_ms` past a whole second of the wall clock.
 fn just_after_a_second(at_ms: i64) {
-    let into = wall_ms().rem_euclid(1000);
+    let into = common::wall_ms().rem_euclid(1000);
     let wait = (1000 + at_ms - into).rem_euclid(1000);
     std::thread::sleep(Duration::from_millis(u64::try_from(wait).unwrap()));
 }
@@ -113,7 +106,7 @@ fn the_holder_is_never_told_a_later_expires_than_the_cluster_gives() {
             let o = cmd(&cwd, &store)
                 .args(["acquire", &skill, "--repo", "o/r", "--ttl", "60"])
                 .run();
-            let answered = wall_ms();
+            let answered = common::wall_ms();
             if o.code == 0 {
                 break answered;
             }
@@ -147,7 +140,7 @@ fn renew_reports_the_ttl_the_cluster_granted() {
     assert_eq!(a.json["ttl"], granted_ttl(&ep, &key), "{}", a.stdout);
     // Below the cluster's minimum lease (2 s by default): it grants more,
     // and renew says what it granted, as acquire does.
-    let before = wall_ms();
+    let before = common::wall_ms();
     let r = cmd(&cwd, &store)
         .args([
             "renew", "granted", "--repo", "o/r", "--ttl", "1", "--token", &token,
@@ -159,7 +152,7 @@ fn renew_reports_the_ttl_the_cluster_granted() {
     let expires = ms_of(&r.json["expires"]);
     let granted_ms = i64::try_from(granted).unwrap() * 1000;
     assert!(
-        expires <= wall_ms() + granted_ms && expires >= before + granted_ms - 1000,
+        expires <= common::wall_ms() + granted_ms && expires >= before + granted_ms - 1000,
         "renew said expires {} for a lease of {granted} s granted between {before} and now",
         r.json["expires"]
     );
@@ -167,36 +160,6 @@ fn renew_reports_the_ttl_the_cluster_granted() {
         .args(["release", "granted", "--repo", "o/r", "--token", &token])
         .run()
         .expect(0, "released");
-}
-
-/// Splits an HTTP/2 byte stream into frames and says when a DATA frame
-/// larger than `big` went by (a transaction carrying an owner record).
-struct FrameWatch {
-    buf: Vec<u8>,
-    preface_left: usize,
-}
-
-impl FrameWatch {
-    fn feed(&mut self, bytes: &[u8]) -> bool {
-        self.buf.extend_from_slice(bytes);
-        let skip = self.preface_left.min(self.buf.len());
-        self.buf.drain(..skip);
-        self.preface_left -= skip;
-        let mut seen = false;
-        while self.buf.len() >= 9 {
-            let len = (usize::from(self.buf[0]) << 16)
-                | (usize::from(self.buf[1]) << 8)
-                | usize::from(self.buf[2]);
-            if self.buf.len() < 9 + len {
-                break;
-            }
-            if self.buf[3] == 0 && len > 300 {
-                seen = true;
-            }
-            self.buf.drain(..9 + len);
-        }
-        seen
-    }
 }
 
 /// A proxy to `target` that forwards everything until the first
@@ -221,10 +184,7 @@ fn freezing_proxy(target: String) -> String {
             let up = frozen.clone();
             std::thread::spawn(move || {
                 let (mut from, mut to) = (c2, s2);
-                let mut watch = FrameWatch {
-                    buf: Vec::new(),
-                    preface_left: 24,
-                };
+                let mut watch = FrameWatch::new(300);
                 let mut b = [0u8; 16384];
                 while let Ok(n) = from.read(&mut b) {
                     if n == 0 || up.load(Ordering::SeqCst) || to.write_all(&b[..n]).is_err() {

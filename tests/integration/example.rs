@@ -1,5 +1,7 @@
 //! examples/write-phase.sh, the runnable form of docs/write-lock.md, run for
 //! real against the binary under test in a fresh `git init` repository.
+//!
+//! Covers: SPEC §2.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

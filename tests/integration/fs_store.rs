@@ -3,6 +3,8 @@
 //! inside the guard, spellings of one lock, records of older versions,
 //! read-only layers, pid namespaces and other machines. Each test fails on
 //! the code before its fix.
+//!
+//! Covers: SPEC §5, §6, §7.
 
 use crate::common;
 

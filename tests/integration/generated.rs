@@ -9,6 +9,8 @@
 //!
 //! Each test regenerates its files and fails when the committed ones differ.
 //! `SKILL_LOCK_BLESS=1 cargo test --test integration generated::` rewrites them.
+//!
+//! Covers: SPEC §9.
 
 use std::path::Path;
 

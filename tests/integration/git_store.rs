@@ -3,6 +3,8 @@
 //! 24400-24449). Races, the witnessed loop, clones contending through
 //! `git:origin`, refs hidden from plain clones, the clock-skew allowance,
 //! unknown push outcomes, and remotes that hang or refuse.
+//!
+//! Covers: SPEC §8.
 
 use crate::common;
 

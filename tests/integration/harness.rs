@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 pub use serde_json::Value;
 
 pub mod gitd;
+pub mod http2;
 
 /// Path of the binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
@@ -170,7 +171,10 @@ impl From<std::process::Output> for Out {
 }
 
 impl Out {
-    /// Asserts the exit status and the `result`, and returns the JSON.
+    /// Asserts the exit status and the `result`, and returns the JSON. The
+    /// object must also read as its typed mirror ([`verbs::Reply`]: every
+    /// field known, of the right type, the exit status the one its result
+    /// means), so no test passes on an object the contract does not define.
     #[track_caller]
     pub fn expect(&self, code: i32, result: &str) -> &Value {
         assert_eq!(
@@ -180,7 +184,14 @@ impl Out {
             self.stdout,
             self.stderr
         );
+        verbs::reply_of(self, &self.json);
         &self.json
+    }
+
+    /// The typed reply on stdout (the default way to read a result).
+    #[track_caller]
+    pub fn reply(&self) -> verbs::Reply {
+        verbs::reply(self)
     }
 
     /// Asserts an error object with this code and exit status 2.
@@ -270,21 +281,114 @@ pub fn must_holder_fence(v: &Value) -> u64 {
     holder_fence(v).unwrap_or_else(|| panic!("no holder.fence in {v}"))
 }
 
-/// The etcd endpoint the etcd halves run against (`SKILL_LOCK_TEST_ETCD`,
-/// its first member), or `None`: the test is skipped, visibly, unless
-/// `SKILL_LOCK_TEST_ETCD_REQUIRED` (CI) makes that a failure.
-pub fn etcd_endpoint(test: &str) -> Option<String> {
+/// Is an etcd run required (`SKILL_LOCK_TEST_ETCD_REQUIRED`, set by CI)?
+/// Then a test that would skip for want of etcd fails instead.
+pub fn etcd_required() -> bool {
+    std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The etcd endpoints the etcd halves run against (`SKILL_LOCK_TEST_ETCD`,
+/// `host:port[,host:port...]`), or `None`: the test is skipped, visibly,
+/// unless [`etcd_required`] makes that a failure.
+pub fn etcd_endpoints(test: &str) -> Option<String> {
     match std::env::var("SKILL_LOCK_TEST_ETCD") {
-        Ok(e) if !e.is_empty() => Some(e.split(',').next().unwrap_or(&e).to_owned()),
+        Ok(e) if !e.is_empty() => Some(e),
         _ => {
             assert!(
-                std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-                "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
+                !etcd_required(),
+                "{test}: SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
             );
             eprintln!("SKIPPED: {test} needs etcd (set SKILL_LOCK_TEST_ETCD=host:port)");
             None
         }
     }
+}
+
+/// The first of [`etcd_endpoints`].
+pub fn etcd_endpoint(test: &str) -> Option<String> {
+    etcd_endpoints(test).map(|e| e.split(',').next().unwrap_or(&e).to_owned())
+}
+
+/// Are the programs installed (each `(program, argument)` exits when run)?
+/// A test that starts its own etcd is skipped, visibly, without them,
+/// unless [`etcd_required`] makes that a failure.
+pub fn have_programs(test: &str, programs: &[(&str, &str)]) -> bool {
+    let missing: Vec<&str> = programs
+        .iter()
+        .filter(|(p, arg)| {
+            Command::new(p)
+                .arg(arg)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_err()
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        !etcd_required(),
+        "{test}: {missing:?} required (SKILL_LOCK_TEST_ETCD_REQUIRED) but not installed"
+    );
+    eprintln!(
+        "SKIPPED: {test} (not installed: {missing:?}; apt-get install etcd-server etcd-client openssl)"
+    );
+    false
+}
+
+/// Member `i` of an etcd cluster on loopback whose members listen for
+/// clients on `clients[k]` (a URL, `http://` or `https://`) and for peers on
+/// `127.0.0.1:peers[k]`, named `n0`, `n1`, ... with data under `dir`. The
+/// caller adds what else it needs (TLS files) and spawns it.
+pub fn etcd_member(
+    dir: &Path,
+    i: usize,
+    clients: &[String],
+    peers: &[u16],
+    tuning: EtcdTuning,
+) -> Command {
+    let initial = peers
+        .iter()
+        .enumerate()
+        .map(|(k, p)| format!("n{k}=http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let peer = format!("http://127.0.0.1:{}", peers[i]);
+    let mut cmd = Command::new("etcd");
+    cmd.args(["--name", &format!("n{i}")])
+        .arg("--data-dir")
+        .arg(dir.join(format!("n{i}")))
+        .args(["--listen-client-urls", &clients[i]])
+        .args(["--advertise-client-urls", &clients[i]])
+        .args(["--listen-peer-urls", &peer])
+        .args(["--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", &initial])
+        .args(["--initial-cluster-state", "new"])
+        .args(["--initial-cluster-token", &format!("t{}", peers[0])])
+        .args(["--heartbeat-interval", &tuning.heartbeat_ms.to_string()])
+        .args(["--election-timeout", &tuning.election_ms.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// How fast an etcd test cluster notices a lost leader.
+#[derive(Clone, Copy)]
+pub struct EtcdTuning {
+    /// `--heartbeat-interval`, milliseconds.
+    pub heartbeat_ms: u32,
+    /// `--election-timeout`, milliseconds.
+    pub election_ms: u32,
+}
+
+/// `http://127.0.0.1:PORT` for each port.
+pub fn loopback_urls(ports: &[u16]) -> Vec<String> {
+    ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect()
 }
 
 /// A fresh etcd key prefix under `/tag/` per call, so tests never see each
@@ -302,3 +406,31 @@ pub fn etcd_prefix(env: &TestEnv, tag: &str) -> String {
 /// A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
 /// each returning a typed mirror of the wire object.
 pub mod verbs;
+
+/// The wall clock, milliseconds since the epoch (what `expires` is compared with).
+pub fn wall_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// Is `pid` gone (no such process, or a zombie nobody has reaped yet: an
+/// orphan's new parent may not reap it at once, but a zombie has stopped)?
+/// Zombies are seen through Linux's `/proc`; elsewhere only the first half holds.
+pub fn gone(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks for existence.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}

@@ -1,5 +1,7 @@
 //! SPEC §2.8 under concurrency: the history is complete and well formed when
 //! many processes change locks at once, and fences only grow.
+//!
+//! Covers: SPEC §2.8, §7.
 
 use crate::common;
 

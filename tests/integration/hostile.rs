@@ -8,6 +8,8 @@
 //! The first tests replay each attack that was reproduced against the old
 //! code; `every_plant_at_every_path_answers_and_touches_nothing_outside` is
 //! the generated campaign (its counts are in docs/stress.md).
+//!
+//! Covers: SPEC §2, §5, §7, §8.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

@@ -8,6 +8,8 @@
 //! queued processes assert which *pairs of outcomes* are allowed and that
 //! there is exactly one winner, never an order. The tests with one queued
 //! process are fully deterministic.
+//!
+//! Covers: SPEC §7.
 
 use crate::common;
 

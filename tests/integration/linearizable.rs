@@ -36,6 +36,8 @@
 //! `SKILL_LOCK_TEST_ETCD`; it is skipped visibly without it (a failure under
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED`). Each run prints its ops, unknown ops,
 //! faults and verdict per store.
+//!
+//! Covers: SPEC §7, §8.
 
 use crate::common;
 
@@ -890,16 +892,8 @@ fn file_store_is_linearizable_under_client_kills() {
 
 #[test]
 fn etcd_store_is_linearizable_under_client_kills_and_a_freezing_member() {
-    let ep = match std::env::var("SKILL_LOCK_TEST_ETCD") {
-        Ok(e) if !e.is_empty() => e.split(',').next().unwrap().to_owned(),
-        _ => {
-            assert!(
-                std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-                "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
-            );
-            eprintln!("SKIPPED: etcd linearizability (set SKILL_LOCK_TEST_ETCD=host:port)");
-            return;
-        }
+    let Some(ep) = common::etcd_endpoint("etcd linearizability") else {
+        return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");

@@ -5,6 +5,8 @@
 //! `bash -c 'read -r _ < FIFO; exec skill-lock ...'`, and the test, which holds
 //! the FIFO open for reading and writing, writes one line per racer once all
 //! are started, so they all run `skill-lock` at the same moment.
+//!
+//! Covers: SPEC §6, §7.
 
 use crate::common;
 

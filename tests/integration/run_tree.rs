@@ -7,6 +7,8 @@
 //!
 //! Each scenario runs on the file store and, with `SKILL_LOCK_TEST_ETCD`
 //! set, on etcd (skipped visibly without it).
+//!
+//! Covers: SPEC §2.7.
 #![cfg(target_os = "linux")]
 
 use crate::common;
@@ -14,16 +16,13 @@ use crate::common;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, Cmd, TestEnv};
+use common::{BIN, Cmd, TestEnv, gone};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// Where the lock lives.
 #[derive(Clone, Copy, Debug)]
@@ -58,23 +57,10 @@ impl World {
         let store = match store {
             Store::File => None,
             Store::Etcd => {
-                let Some(ep) = std::env::var("SKILL_LOCK_TEST_ETCD")
-                    .ok()
-                    .filter(|e| !e.is_empty())
-                else {
-                    assert!(
-                        std::env::var_os("SKILL_LOCK_TEST_ETCD_REQUIRED").is_none(),
-                        "SKILL_LOCK_TEST_ETCD_REQUIRED is set but SKILL_LOCK_TEST_ETCD is not"
-                    );
-                    eprintln!("SKIPPED: {test} on etcd needs SKILL_LOCK_TEST_ETCD=host:port");
-                    return None;
-                };
-                let ep = ep.split(',').next().unwrap_or(&ep).to_owned();
+                let ep = common::etcd_endpoint(&format!("{test} on etcd"))?;
                 Some(format!(
-                    "etcd://{ep}/run-tree/{}-{}-{}/",
-                    std::process::id(),
-                    env.root.file_name().unwrap().to_string_lossy(),
-                    SEQ.fetch_add(1, Ordering::SeqCst)
+                    "etcd://{ep}{}",
+                    common::etcd_prefix(&env, "run-tree")
                 ))
             }
         };
@@ -221,21 +207,6 @@ impl Drop for World {
             }
         }
     }
-}
-
-/// Is `pid` gone (no such process, or a zombie)?
-fn gone(pid: i32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks for existence.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-    }
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
 
 fn sigkill_group(pgid: i32) {

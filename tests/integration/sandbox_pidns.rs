@@ -4,6 +4,8 @@
 //! `--owner-pid` in one call's namespace and judged from the next call's,
 //! which may carry the same number, must be judged by its lease alone: held,
 //! never `owner_dead`.
+//!
+//! Covers: SPEC §6, §9.
 
 use std::process::{Command, Stdio};
 

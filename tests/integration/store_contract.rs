@@ -1,7 +1,9 @@
 //! The engine/store contract (issue 21): a store shows the engine the
 //! record as it stored it and says how it is judged; outcomes are built
 //! from one judgement and from what was written; `run`'s one object goes
-//! to standard error whatever stops it (SPEC §2.7, §8).
+//! to standard error whatever stops it.
+//!
+//! Covers: SPEC §2.7, §8.
 
 use crate::common::{BIN, TestEnv};
 use crate::git_store::{Remote, foreign_state, plant};

@@ -18,11 +18,13 @@
 //! `STRESS_SECS` (default 600) as back-to-back verified episodes.
 //! `STRESS_BIN` runs another build of the binary instead (only to show that
 //! the harness catches a deliberately broken one).
+//!
+//! Covers: SPEC §6, §7.
 
 use crate::common;
 use common::Value;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -126,6 +128,8 @@ struct World {
     violations: Mutex<Vec<String>>,
     /// Sightings of `corrupt` by readers (status/check/list), with what was seen.
     reader_corrupt: Mutex<Vec<String>>,
+    /// Pids of the invocations that SIGKILL ended: only they may leave a tombstone.
+    killed: Mutex<HashSet<u32>>,
 }
 
 impl World {
@@ -169,6 +173,7 @@ impl World {
         let killed = output.status.signal() == Some(libc::SIGKILL);
         if killed {
             bump(&self.stats.kills);
+            self.killed.lock().unwrap().insert(pid);
         }
         Ran {
             pid,
@@ -944,16 +949,37 @@ fn settle(world: &World) {
             world.violation(format!("run/tmp holds leftovers of {name}: {left:?}"));
         }
     }
-    let tombs = common::tree(&world.run.join("tombs"));
-    if !tombs.is_empty() {
+    let leftovers = tombstones_left(world);
+    let v = world.invoke(&["list".to_owned()], None).out.json;
+    if v["tombstones"] != leftovers || v["locks"].as_array().is_none_or(|l| !l.is_empty()) {
         world.violation(format!(
-            "run/tombs not empty after the final cycles: {tombs:?}"
+            "final list is not empty or miscounts the {leftovers} leftover tombstone(s): {v}"
         ));
     }
-    let v = world.invoke(&["list".to_owned()], None).out.json;
-    if v["tombstones"] != 0 || v["locks"].as_array().is_none_or(|l| !l.is_empty()) {
-        world.violation(format!("final list is not empty: {v}"));
+}
+
+/// The tombstones left in `run/tombs`. Each run removes only the tombstone it
+/// renamed (SPEC §5 Trust), so one may stay only where SIGKILL ended its
+/// maker between the rename and the removal: its name must carry the pid of
+/// a killed invocation.
+fn tombstones_left(world: &World) -> usize {
+    let killed = world.killed.lock().unwrap();
+    let mut left = 0;
+    for entry in std::fs::read_dir(world.run.join("tombs"))
+        .into_iter()
+        .flatten()
+    {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        left += 1;
+        let pid = name.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if !pid.is_some_and(|p| killed.contains(&p)) {
+            world.violation(format!(
+                "run/tombs holds {name:?}, which no killed run made (killed: {})",
+                killed.len()
+            ));
+        }
     }
+    left
 }
 
 #[derive(Default, Debug)]
@@ -1037,6 +1063,7 @@ fn episode(seed: u64, secs: u64, summary: &mut Summary) -> Vec<String> {
         stats: Stats::default(),
         violations: Mutex::new(Vec::new()),
         reader_corrupt: Mutex::new(Vec::new()),
+        killed: Mutex::new(HashSet::new()),
     };
     let started = Instant::now();
     let stop = AtomicBool::new(false);

@@ -2,6 +2,8 @@
 //! read into typed mirrors of the wire objects, and the `hint` of
 //! `already_running` (SPEC §2.1): its three launch forms, each pasted into
 //! `sh -c` to prove it really releases the lock.
+//!
+//! Covers: SPEC §2.
 
 use std::path::Path;
 

@@ -3,6 +3,8 @@
 //!
 //! Timing bounds are deliberately generous: a bound only catches "never
 //! waited" or "waited far too long", never a few hundred milliseconds.
+//!
+//! Covers: SPEC §2.1, §2.7.
 
 use crate::common;
 
@@ -14,7 +16,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, Out, TestEnv, Value};
+use common::{BIN, Out, TestEnv, Value, gone};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -143,22 +145,6 @@ fn until_file(path: &Path) -> String {
 fn assert_free(env: &TestEnv, cwd: &Path) {
     let s = status(env, cwd);
     assert_eq!(s["state"], "free", "{s}");
-}
-
-/// Is `pid` gone (no such process, or a zombie nobody has reaped yet)?
-fn gone(pid: i32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks for existence.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-    }
-    // An orphan's new parent may not reap it at once: a zombie has stopped.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
 
 // ---------------------------------------------------------------- --wait

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::config::{Vars, var};
 use crate::error::{Error, Result};
 
 /// Settings of a git store.
@@ -14,9 +15,14 @@ use crate::error::{Error, Result};
 pub struct GitConfig {
     /// The URL as given (`git:origin#team`), for `list` and hints.
     pub url: String,
-    /// What `git push`/`ls-remote`/`fetch` are given (a remote name resolved
-    /// to its URL, a relative path made absolute).
+    /// What `git push`/`ls-remote`/`fetch` are given: the remote as written
+    /// after [`GitConfig::parse`]; after [`GitConfig::resolve`] (which
+    /// opening the store does) a remote name is its URL and a relative path
+    /// is absolute.
     pub remote: String,
+    /// The checkout whose remotes a name refers to (the current directory,
+    /// or the root for a store named in `skill-lock.toml`).
+    pub checkout: PathBuf,
     /// Optional namespace under `refs/skill-lock/`.
     pub namespace: Option<String>,
     /// Deadline of one command's git work (`SKILL_LOCK_GIT_TIMEOUT`, seconds).
@@ -29,6 +35,8 @@ pub struct GitConfig {
     pub history_depth: u64,
     /// Entries the user's own `GIT_CONFIG_COUNT` already sets (ours follow them).
     pub config_count: usize,
+    /// `GIT_SSH_COMMAND` or `GIT_SSH` is set: ssh is the user's to configure.
+    pub user_ssh: bool,
 }
 
 /// The name git is given for the remote; its URL is passed in the environment.
@@ -60,10 +68,6 @@ pub fn validate_remote(remote: &str, url: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-pub(super) fn env(k: &str) -> Option<String> {
-    std::env::var(k).ok().filter(|v| !v.is_empty())
 }
 
 /// Is `s` a local path rather than a URL or an scp-like `host:path`?
@@ -146,8 +150,8 @@ pub(super) fn validate_namespace(ns: &str, url: &str) -> Result<()> {
     }
 }
 
-pub(super) fn parse_seconds(var: &str, max: f64) -> Result<Option<f64>> {
-    match env(var) {
+pub(super) fn parse_seconds(vars: &Vars, var: &str, max: f64) -> Result<Option<f64>> {
+    match vars.get(var) {
         None => Ok(None),
         Some(t) => t
             .parse::<f64>()
@@ -158,20 +162,17 @@ pub(super) fn parse_seconds(var: &str, max: f64) -> Result<Option<f64>> {
     }
 }
 
-/// The cache repository: `SKILL_LOCK_GIT_CACHE`, else the user's cache
-/// directory, else a private directory under the temporary directory.
-pub(super) fn cache_dir() -> PathBuf {
-    if let Some(d) = env("SKILL_LOCK_GIT_CACHE") {
-        let d = PathBuf::from(d);
-        return match std::env::current_dir() {
-            Ok(cwd) if d.is_relative() => cwd.join(d),
-            _ => d,
-        };
+/// The cache repository: `SKILL_LOCK_GIT_CACHE` (relative to `cwd`), else
+/// the user's cache directory, else a private directory under the
+/// temporary directory.
+pub(super) fn cache_dir(vars: &Vars, cwd: &Path) -> PathBuf {
+    if let Some(d) = vars.get(var::GIT_CACHE) {
+        return cwd.join(d);
     }
-    if let Some(d) = env("XDG_CACHE_HOME") {
+    if let Some(d) = vars.get(var::XDG_CACHE_HOME) {
         return Path::new(&d).join("skill-lock").join("git");
     }
-    if let Some(h) = env("HOME") {
+    if let Some(h) = vars.get(var::HOME) {
         return Path::new(&h).join(".cache").join("skill-lock").join("git");
     }
     // SAFETY: getuid has no preconditions.
@@ -182,15 +183,13 @@ pub(super) fn cache_dir() -> PathBuf {
 }
 
 impl GitConfig {
-    /// Parses `git:REMOTE[#NAMESPACE]`. A REMOTE that is the name of a remote
-    /// of the checkout at `cwd` is resolved to its push URL (else its URL)
-    /// with `git config`; a local path is made absolute. Timeout, skew and
-    /// cache come from the environment.
+    /// Parses `git:REMOTE[#NAMESPACE]`, with timeout, skew, history depth
+    /// and cache from `vars`. Pure: nothing is run or read; a REMOTE is
+    /// resolved against the checkout at `cwd` by [`GitConfig::resolve`].
     ///
     /// # Errors
-    /// [`Error::Usage`] for a malformed URL, namespace or setting, or a name
-    /// that is neither a remote of the checkout nor a URL or path.
-    pub fn parse(url: &str, cwd: &Path) -> Result<Self> {
+    /// [`Error::Usage`] for a malformed URL, namespace, remote or setting.
+    pub fn parse(url: &str, cwd: &Path, vars: &Vars) -> Result<Self> {
         let Some(rest) = url.strip_prefix("git:") else {
             return Err(Error::Usage(format!("{url:?} is not a git: store URL")));
         };
@@ -206,10 +205,10 @@ impl GitConfig {
                 "store {url:?}: name a remote, e.g. git:origin or git:file:///srv/coord.git"
             )));
         }
-        let timeout = parse_seconds("SKILL_LOCK_GIT_TIMEOUT", 600.0)?
+        let timeout = parse_seconds(vars, var::GIT_TIMEOUT, 600.0)?
             .filter(|s| *s > 0.0)
             .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64);
-        let clock_skew = parse_seconds("SKILL_LOCK_CLOCK_SKEW", 120.0)?.map_or(
+        let clock_skew = parse_seconds(vars, var::CLOCK_SKEW, 120.0)?.map_or(
             DEFAULT_CLOCK_SKEW,
             // Whole seconds, rounded up: rounding favours the holder.
             #[allow(
@@ -219,7 +218,7 @@ impl GitConfig {
             )]
             |s| s.ceil() as u64,
         );
-        let history_depth = match env("SKILL_LOCK_GIT_HISTORY_DEPTH") {
+        let history_depth = match vars.get(var::GIT_HISTORY_DEPTH) {
             None => ROLL_DEPTH,
             Some(t) => t
                 .parse::<u64>()
@@ -227,27 +226,42 @@ impl GitConfig {
                 .filter(|d| (2..=1_000_000).contains(d))
                 .ok_or_else(|| {
                     Error::Usage(format!(
-                        "SKILL_LOCK_GIT_HISTORY_DEPTH={t:?}: give a whole number of commits, 2 to 1000000"
+                        "{}={t:?}: give a whole number of commits, 2 to 1000000",
+                        var::GIT_HISTORY_DEPTH
                     ))
                 })?,
         };
         validate_remote(remote, url)?;
-        let remote = resolve_remote(remote, cwd, url)?;
-        // What the checkout's configuration resolved it to is checked again.
-        validate_remote(&remote, url)?;
-        let config_count = env("GIT_CONFIG_COUNT")
+        let config_count = vars
+            .get(var::GIT_CONFIG_COUNT)
             .and_then(|n| n.parse::<usize>().ok())
             .unwrap_or(0);
         Ok(Self {
             config_count,
             history_depth,
             url: url.to_owned(),
-            remote,
+            remote: remote.to_owned(),
+            checkout: cwd.to_path_buf(),
             namespace,
             timeout,
             clock_skew: clock_skew.min(MAX_CLOCK_SKEW),
-            cache: cache_dir(),
+            cache: cache_dir(vars, cwd),
+            user_ssh: vars.get(var::GIT_SSH_COMMAND).is_some() || vars.get(var::GIT_SSH).is_some(),
         })
+    }
+
+    /// Resolves the remote: the name of a remote of the checkout becomes its
+    /// push URL (else its URL) by `git remote get-url`, a local path is made
+    /// absolute; what it resolved to is checked again as if typed.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a name that is neither a remote of the checkout
+    /// nor a URL or path, or that resolves to a refused remote.
+    pub fn resolve(mut self) -> Result<Self> {
+        let remote = resolve_remote(&self.remote, &self.checkout, &self.url)?;
+        validate_remote(&remote, &self.url)?;
+        self.remote = remote;
+        Ok(self)
     }
 }
 
@@ -311,15 +325,18 @@ mod tests {
     #[test]
     fn urls_and_namespaces() {
         let cwd = Path::new("/nonexistent-skill-lock-test");
-        let c = GitConfig::parse("git:file:///srv/coord.git#team/a", cwd).unwrap();
+        let parse = |url: &str, cwd: &Path| {
+            GitConfig::parse(url, cwd, &Vars::default()).and_then(GitConfig::resolve)
+        };
+        let c = parse("git:file:///srv/coord.git#team/a", cwd).unwrap();
         assert_eq!(c.remote, "file:///srv/coord.git");
         assert_eq!(c.namespace.as_deref(), Some("team/a"));
-        let c = GitConfig::parse("git:git@github.com:org/coord.git", cwd).unwrap();
+        let c = parse("git:git@github.com:org/coord.git", cwd).unwrap();
         assert_eq!(
             (c.remote.as_str(), c.namespace),
             ("git@github.com:org/coord.git", None)
         );
-        let c = GitConfig::parse("git:../coord.git", Path::new("/w/x")).unwrap();
+        let c = parse("git:../coord.git", Path::new("/w/x")).unwrap();
         assert_eq!(c.remote, "/w/x/../coord.git");
         for bad in [
             "git:",
@@ -330,8 +347,34 @@ mod tests {
             "git:/x#.a",
             "git:nosuchremote",
         ] {
-            assert!(GitConfig::parse(bad, cwd).is_err(), "{bad}");
+            assert!(parse(bad, cwd).is_err(), "{bad}");
         }
+    }
+
+    /// Settings come from the snapshot given, never from the process.
+    #[test]
+    fn settings_come_from_the_variables_given() {
+        let cwd = Path::new("/w");
+        let vars = Vars::default()
+            .with(var::GIT_TIMEOUT, "7.5")
+            .with(var::CLOCK_SKEW, "2.1")
+            .with(var::GIT_CACHE, "cache")
+            .with(var::GIT_SSH, "plink");
+        let c = GitConfig::parse("git:origin", cwd, &vars).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(7_500));
+        assert_eq!(c.clock_skew, 3, "rounded up: rounding favours the holder");
+        assert_eq!(c.cache, Path::new("/w/cache"));
+        assert!(c.user_ssh);
+        assert_eq!(
+            c.remote, "origin",
+            "parsing runs nothing: the name is resolved on open"
+        );
+        let home = Vars::default().with(var::HOME, "/home/u");
+        let c = GitConfig::parse("git:origin", cwd, &home).unwrap();
+        assert_eq!(c.cache, Path::new("/home/u/.cache/skill-lock/git"));
+        assert!(!c.user_ssh);
+        let bad = Vars::default().with(var::GIT_TIMEOUT, "soon");
+        assert!(GitConfig::parse("git:origin", cwd, &bad).is_err());
     }
 
     #[test]

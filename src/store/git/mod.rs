@@ -47,7 +47,7 @@
 //! process group is killed and the command answers `store_unavailable`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -95,15 +95,16 @@ pub struct GitStore {
 }
 
 impl GitStore {
-    /// A store for `git:REMOTE[#NAMESPACE]`, remote names resolved in `cwd`.
+    /// Opens the store `config` names: its remote is resolved (see
+    /// [`GitConfig::resolve`]); nothing is fetched until the first operation.
     ///
     /// # Errors
-    /// See [`GitConfig::parse`].
-    pub fn new(url: &str, cwd: &Path) -> Result<Self> {
-        Ok(Self::from_config(GitConfig::parse(url, cwd)?))
+    /// As [`GitConfig::resolve`].
+    pub fn open(config: GitConfig) -> Result<Self> {
+        Ok(Self::from_config(config.resolve()?))
     }
 
-    /// The store for a parsed configuration.
+    /// The store for a configuration taken as it is (its remote already resolved).
     #[must_use]
     pub fn from_config(config: GitConfig) -> Self {
         Self {

@@ -76,9 +76,7 @@ impl GitStore {
         let ssh = r.starts_with("ssh://")
             || r.starts_with("git+ssh://")
             || !is_local_path(r) && !r.contains("://");
-        ssh && std::env::var_os("GIT_SSH_COMMAND").is_none()
-            && std::env::var_os("GIT_SSH").is_none()
-            && !self.user_ssh_command()
+        ssh && !self.config.user_ssh && !self.user_ssh_command()
     }
 
     pub(super) fn user_ssh_command(&self) -> bool {

@@ -42,6 +42,43 @@ pub struct TookOver {
     pub holder: Option<Holder>,
 }
 
+/// One lock in a `list` reply; `state` is `held` or `stale`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListEntry {
+    pub skill: String,
+    pub repo: String,
+    pub state: String,
+    #[serde(default)]
+    pub holder: Option<Holder>,
+    #[serde(default)]
+    pub expires_in: Option<u64>,
+    #[serde(default)]
+    pub stale_reason: Option<String>,
+    pub lock: String,
+    #[serde(default)]
+    pub clock_skew: Option<u64>,
+}
+
+/// One event of a `history` reply (SPEC §2.8).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryEvent {
+    pub time: String,
+    pub event: String,
+    pub lock: String,
+    pub skill: String,
+    pub repo: String,
+    pub fence: Option<u64>,
+    pub host: String,
+    pub pid: u32,
+    pub owner_pid: Option<u32>,
+    pub note: Option<String>,
+    pub reason: Option<String>,
+    pub expires: Option<String>,
+    pub previous: Option<Holder>,
+}
+
 /// Every wire object this harness reads, tagged by `result` (the command
 /// decides between the shapes that share a name, e.g. `not_owner`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -51,6 +88,8 @@ pub enum Reply {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         token: String,
         started: String,
         expires: String,
@@ -64,6 +103,8 @@ pub enum Reply {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         holder: Holder,
         expires_in: u64,
         hint: String,
@@ -72,6 +113,8 @@ pub enum Reply {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         expires: String,
         renewed: String,
         ttl: u64,
@@ -83,6 +126,8 @@ pub enum Reply {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         forced: bool,
         holder: Option<Holder>,
     },
@@ -90,12 +135,16 @@ pub enum Reply {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         holder: Option<Holder>,
     },
     Held {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         expires: String,
         fence: u64,
         expires_in: u64,
@@ -104,6 +153,8 @@ pub enum Reply {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         holder: Option<Holder>,
         #[serde(default)]
         expires_in: Option<u64>,
@@ -113,15 +164,80 @@ pub enum Reply {
         repo: String,
         lock: String,
         #[serde(default)]
+        clock_skew: Option<u64>,
+        #[serde(default)]
         stale_reason: Option<String>,
     },
     Expired {
         skill: String,
         repo: String,
         lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
         expires: String,
         fence: u64,
         stale_reason: String,
+    },
+    /// `status` (SPEC §2.4): `state` is `held`, `stale` or `free`.
+    Status {
+        skill: String,
+        repo: String,
+        lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
+        #[serde(default)]
+        fence: Option<u64>,
+        state: String,
+        #[serde(default)]
+        holder: Option<Holder>,
+        #[serde(default)]
+        expires_in: Option<u64>,
+        #[serde(default)]
+        stale_reason: Option<String>,
+    },
+    /// `list` (SPEC §2.5).
+    List {
+        store: String,
+        locks: Vec<ListEntry>,
+        tombstones: u64,
+    },
+    /// `history` (SPEC §2.8): of one lock (`skill`...) or of the store.
+    History {
+        #[serde(default)]
+        skill: Option<String>,
+        #[serde(default)]
+        repo: Option<String>,
+        #[serde(default)]
+        lock: Option<String>,
+        #[serde(default)]
+        clock_skew: Option<u64>,
+        #[serde(default)]
+        store: Option<String>,
+        events: Vec<HistoryEvent>,
+    },
+    /// `ran` (SPEC §2.7, on stderr).
+    Ran {
+        skill: String,
+        repo: String,
+        lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
+        fence: u64,
+        exit_status: u8,
+        signal: Option<i32>,
+        lost: bool,
+        renewals: u64,
+        released: bool,
+    },
+    /// `interrupted` (SPEC §2.7, on stderr).
+    Interrupted {
+        skill: String,
+        repo: String,
+        lock: String,
+        #[serde(default)]
+        clock_skew: Option<u64>,
+        signal: i32,
+        message: String,
     },
     Error {
         error: String,
@@ -149,7 +265,9 @@ impl Reply {
             Self::Acquired { fence, .. }
             | Self::Renewed { fence, .. }
             | Self::Held { fence, .. }
+            | Self::Ran { fence, .. }
             | Self::Expired { fence, .. } => Some(*fence),
+            Self::Status { fence, .. } => *fence,
             _ => None,
         }
     }
@@ -230,7 +348,26 @@ impl Lock {
 /// The typed reply of one invocation; its exit status must match its result.
 #[track_caller]
 pub fn reply(out: &Out) -> Reply {
-    let r: Reply = serde_json::from_str(out.stdout.trim_end()).unwrap_or_else(|e| {
+    parse(out, out.stdout.trim_end())
+}
+
+/// The typed reply of an object already read (`out.json`, which a test may
+/// have taken from stderr), checked against `out`'s exit status.
+#[track_caller]
+pub fn reply_of(out: &Out, v: &serde_json::Value) -> Reply {
+    parse(out, &v.to_string())
+}
+
+/// The typed reply of `run`, which prints its object as the last line of
+/// stderr (CMD owns stdout).
+#[track_caller]
+pub fn run_reply(out: &Out) -> Reply {
+    parse(out, out.stderr.lines().last().unwrap_or(""))
+}
+
+#[track_caller]
+fn parse(out: &Out, text: &str) -> Reply {
+    let r: Reply = serde_json::from_str(text).unwrap_or_else(|e| {
         panic!(
             "not a known reply ({e}):\nstdout: {}\nstderr: {}",
             out.stdout, out.stderr
@@ -240,7 +377,12 @@ pub fn reply(out: &Out) -> Reply {
         Reply::Acquired { .. }
         | Reply::Renewed { .. }
         | Reply::Released { .. }
-        | Reply::Held { .. } => 0,
+        | Reply::Held { .. }
+        | Reply::Status { .. }
+        | Reply::List { .. }
+        | Reply::History { .. } => 0,
+        // `run` exits with CMD's status, or 128+signal.
+        Reply::Ran { .. } | Reply::Interrupted { .. } => out.code,
         Reply::NotHeld { .. } => out.code, // 0 for release, 4 for renew/check
         Reply::AlreadyRunning { .. } => 3,
         Reply::Refused { .. } | Reply::NotOwner { .. } | Reply::Expired { .. } => 4,
