@@ -60,6 +60,7 @@ pub mod run;
 pub mod shell;
 pub mod signals;
 pub mod store;
+pub mod vars;
 pub mod wait;
 
 pub use cli::run;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::config::{Vars, var};
 use crate::error::{Error, Result};
+use crate::vars::{Vars, var};
 
 /// Settings of a git store.
 #[derive(Debug, Clone, PartialEq, Eq)]
