@@ -1394,7 +1394,15 @@ fn pid_namespace_scenario(secs: u64) {
                 }
             });
         }
-        std::thread::sleep(Duration::from_secs(secs));
+        // At least `secs`, and on until both sides have acquired (a loaded
+        // machine can starve the inside holder for a while), at most 4 x secs.
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(secs)
+            || (get(&stats.acquired_inside) == 0 || get(&stats.acquired_outside) == 0)
+                && started.elapsed() < Duration::from_secs(4 * secs)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         stop.store(true, Ordering::Relaxed);
     });
     let v = violations.into_inner().unwrap();

@@ -762,7 +762,10 @@ fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
     let held = until_held(&env, &repo);
     let pgid = i32::try_from(held["holder"]["owner_pgid"].as_u64().expect("owner_pgid")).unwrap();
     // Nothing of skill-lock is left to stop the group: the wrapper and the
-    // group's keeper are SIGKILLed; the background writer goes on.
+    // group's keeper are SIGKILLed; the background writer goes on. The
+    // wrapper is stopped first, so it cannot act on the keeper's death in
+    // between (on a loaded machine it did, and stopped the writer).
+    signal(pid_of(&child), libc::SIGSTOP);
     signal(pgid, libc::SIGKILL);
     signal(pid_of(&child), libc::SIGKILL);
     child.wait().unwrap();
