@@ -251,9 +251,9 @@ pub enum StoreSpec {
     File(Location),
     /// A git store.
     Git(GitConfig),
-    /// An etcd store, by its URL (read when it is opened).
+    /// An etcd store (its TLS files are read when it is opened).
     #[cfg(feature = "etcd")]
-    Etcd(String),
+    Etcd(crate::store::etcd::EtcdConfig),
 }
 
 /// The chosen store and what the hint needs to name it again.
@@ -283,7 +283,9 @@ impl StoreChoice {
             StoreSpec::File(location) => Ok(AnyStore::File(FileStore::at(location.clone()))),
             StoreSpec::Git(config) => GitStore::open(config.clone()).map(AnyStore::Git),
             #[cfg(feature = "etcd")]
-            StoreSpec::Etcd(url) => crate::store::etcd::EtcdStore::new(url).map(AnyStore::Etcd),
+            StoreSpec::Etcd(config) => {
+                crate::store::etcd::EtcdStore::open(config.clone()).map(AnyStore::Etcd)
+            }
         };
         opened.map_err(redacted)
     }
@@ -336,7 +338,7 @@ fn parse_url(url: &str, cwd: &Path, vars: &Vars) -> Result<StoreSpec> {
     let Some(dir) = url.strip_prefix("file:") else {
         if url.starts_with("etcd://") || url.starts_with("etcds://") {
             #[cfg(feature = "etcd")]
-            return Ok(StoreSpec::Etcd(url.to_owned()));
+            return crate::store::etcd::EtcdConfig::parse(url, vars).map(StoreSpec::Etcd);
             #[cfg(not(feature = "etcd"))]
             return Err(Error::StoreUnavailable(format!(
                 "store {url:?}: this build has no etcd store (feature \"etcd\"); use file:DIR or the default"

@@ -13,10 +13,6 @@
 //! one place ([`Decision::events`]).
 
 #[cfg(feature = "etcd")]
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the etcd store reads its own TLS, credential and timeout variables and stamps history keys with the wall clock"
-)]
 pub mod etcd;
 pub mod fs;
 pub mod git;

@@ -1,15 +1,19 @@
 //! The connection settings of an etcd store: its URL, and the TLS,
-//! credential and timeout variables, read once when the store is chosen.
+//! credential and timeout variables from the start-up snapshot
+//! ([`Vars`]); parsing reads no file and connects nowhere.
 
 use std::time::Duration;
 
 use super::DEFAULT_TIMEOUT;
 use super::client::{Security, Tls};
 use crate::error::{Error, Result};
+use crate::vars::{Vars, var};
 
 /// Connection settings of an etcd store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
+    /// The URL as given, for `list` and messages.
+    pub url: String,
     /// `host:port` of each member, tried in order.
     pub endpoints: Vec<String>,
     /// Key prefix, starting and ending with `/`.
@@ -28,11 +32,12 @@ pub struct EtcdConfig {
 
 impl EtcdConfig {
     /// Parses `etcd://host:port[,host:port...][/prefix]` (or `etcds://`),
-    /// taking TLS, credentials and timeout from the environment.
+    /// with TLS files, credentials and timeout from `vars`. Pure: the TLS
+    /// files are read when the store is opened.
     ///
     /// # Errors
-    /// [`Error::Usage`] for a malformed URL or option.
-    pub fn parse(url: &str) -> Result<Self> {
+    /// [`Error::Usage`] for a malformed URL or setting.
+    pub fn parse(url: &str, vars: &Vars) -> Result<Self> {
         let (tls, rest) = if let Some(r) = url.strip_prefix("etcds://") {
             (true, r)
         } else if let Some(r) = url.strip_prefix("etcd://") {
@@ -59,8 +64,8 @@ impl EtcdConfig {
         if !prefix.ends_with('/') {
             prefix.push('/');
         }
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let timeout = match env("SKILL_LOCK_ETCD_TIMEOUT") {
+        let env = |k: &str| vars.get(k).map(str::to_owned);
+        let timeout = match env(var::ETCD_TIMEOUT) {
             None => DEFAULT_TIMEOUT,
             Some(t) => t
                 .parse::<f64>()
@@ -69,7 +74,8 @@ impl EtcdConfig {
                 .map(Duration::from_secs_f64)
                 .ok_or_else(|| {
                     Error::Usage(format!(
-                        "SKILL_LOCK_ETCD_TIMEOUT={t:?}: give seconds, 0 < s <= 600"
+                        "{}={t:?}: give seconds, 0 < s <= 600",
+                        var::ETCD_TIMEOUT
                     ))
                 })?,
         };
@@ -79,13 +85,14 @@ impl EtcdConfig {
             (None, None) => Ok(None),
             _ => Err(Error::Usage(format!("set both {a} and {b}, or neither"))),
         };
-        let identity = pair("SKILL_LOCK_ETCD_CERT", "SKILL_LOCK_ETCD_KEY")?;
-        let user = pair("SKILL_LOCK_ETCD_USER", "SKILL_LOCK_ETCD_PASSWORD")?;
+        let identity = pair(var::ETCD_CERT, var::ETCD_KEY)?;
+        let user = pair(var::ETCD_USER, var::ETCD_PASSWORD)?;
         Ok(Self {
+            url: url.to_owned(),
             endpoints,
             prefix,
             tls,
-            ca: env("SKILL_LOCK_ETCD_CA"),
+            ca: env(var::ETCD_CA),
             identity,
             user,
             timeout,
@@ -119,11 +126,15 @@ mod tests {
 
     #[test]
     fn urls() {
-        let c = EtcdConfig::parse("etcd://127.0.0.1:2379,h2:23791/team/locks").unwrap();
+        let c = EtcdConfig::parse(
+            "etcd://127.0.0.1:2379,h2:23791/team/locks",
+            &Vars::default(),
+        )
+        .unwrap();
         assert_eq!(c.endpoints, ["127.0.0.1:2379", "h2:23791"]);
         assert_eq!(c.prefix, "/team/locks/");
         assert!(!c.tls);
-        let c = EtcdConfig::parse("etcds://h:1").unwrap();
+        let c = EtcdConfig::parse("etcds://h:1", &Vars::default()).unwrap();
         assert_eq!((c.prefix.as_str(), c.tls), ("/skill-lock/", true));
         for bad in [
             "etcd://",
@@ -132,7 +143,7 @@ mod tests {
             "etcd://:1",
             "http://h:1",
         ] {
-            assert!(EtcdConfig::parse(bad).is_err(), "{bad}");
+            assert!(EtcdConfig::parse(bad, &Vars::default()).is_err(), "{bad}");
         }
     }
 }

@@ -16,6 +16,12 @@ use crate::record::{Timestamp, random_suffix};
 /// events this tool writes stays well under gRPC's 4 MiB message limit).
 const HISTORY_PAGE: i64 = 500;
 
+/// A history key that sorts by when it was written: the wall clock's
+/// nanoseconds (finer than the event's own seconds), then a random suffix.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a key's sort order, not a lease decision: the event carries the decision's time"
+)]
 pub(super) fn history_key(prefix: &str, time: Timestamp) -> String {
     let ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -76,12 +76,14 @@ impl std::fmt::Debug for EtcdStore {
 }
 
 impl EtcdStore {
-    /// A store for `url`; connects lazily, on the first operation.
+    /// Opens the store `config` names: reads its TLS files and starts the
+    /// client runtime; connects lazily, on the first operation.
     ///
     /// # Errors
-    /// [`Error::Usage`] for a malformed URL; [`Error::Internal`] when no runtime can be built.
-    pub fn new(url: &str) -> Result<Self> {
-        let config = EtcdConfig::parse(url)?;
+    /// [`Error::Io`] for an unreadable TLS file; [`Error::Internal`] when no
+    /// runtime can be built.
+    pub fn open(config: EtcdConfig) -> Result<Self> {
+        let url = config.url.clone();
         let security = security(&config)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -89,7 +91,7 @@ impl EtcdStore {
             .map_err(|e| Error::Internal(format!("cannot start the etcd client runtime: {e}")))?;
         Ok(Self {
             config,
-            url: url.to_owned(),
+            url,
             security: Arc::new(security),
             runtime: Arc::new(runtime),
             client: Arc::new(Mutex::new(None)),
