@@ -56,9 +56,19 @@ pub mod liveness;
 pub mod output;
 pub mod record;
 pub mod root;
+#[cfg(unix)]
 pub mod run;
+#[cfg(windows)]
+#[path = "run/windows.rs"]
+pub mod run;
+#[cfg(unix)]
+pub mod signals;
+#[cfg(windows)]
+#[path = "signals_windows.rs"]
 pub mod signals;
 pub mod store;
 pub mod wait;
+#[cfg(windows)]
+pub mod win;
 
 pub use cli::run;
