@@ -15,6 +15,7 @@ use crate::config::{Environment, Settings, StoreSource};
 use crate::key::LockKey;
 
 /// Quotes `s` for a POSIX shell (left bare when it only has safe characters).
+#[cfg(unix)]
 #[must_use]
 pub fn shell_quote(s: &str) -> String {
     if !s.is_empty()
@@ -26,6 +27,40 @@ pub fn shell_quote(s: &str) -> String {
         format!("'{}'", s.replace('\'', r"'\''"))
     }
 }
+
+/// Quotes `s` for PowerShell and cmd alike (Windows): bare when it only
+/// has safe characters, else in double quotes, which both shells read the
+/// same way when the string holds no `"`, `%`, `$` or backtick; a string
+/// with one of those is quoted for PowerShell alone (single quotes).
+#[cfg(windows)]
+#[must_use]
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,\\".contains(&b))
+    {
+        s.to_owned()
+    } else if !s.contains(['"', '%', '$', '`']) {
+        format!("\"{s}\"")
+    } else {
+        format!("'{}'", s.replace('\'', "''"))
+    }
+}
+
+/// How the hint names the store variable: the shell's spelling.
+#[cfg(unix)]
+const STORE_VARIABLE: &str = "\"$SKILL_LOCK_STORE\"";
+/// How the hint names the store variable: PowerShell's spelling (cmd's
+/// would be %SKILL_LOCK_STORE%).
+#[cfg(windows)]
+const STORE_VARIABLE: &str = "$env:SKILL_LOCK_STORE";
+
+/// The program's file name as a shell finds it on PATH.
+const PROGRAM: &str = if cfg!(windows) {
+    "skill-lock.exe"
+} else {
+    "skill-lock"
+};
 
 /// The `release --force` command line for `key` in the settings' store.
 #[must_use]
@@ -42,7 +77,8 @@ pub fn release_force(key: &LockKey, settings: &Settings) -> String {
         // A URL with credentials is named the way it was given: the
         // variable, never its value (SPEC §8).
         (StoreSource::Env, Some(url), _) if crate::store::git::has_secret(url) => {
-            line.push_str(" --store \"$SKILL_LOCK_STORE\"");
+            line.push_str(" --store ");
+            line.push_str(STORE_VARIABLE);
         }
         (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
             let url = absolute_url(url, &settings.env.cwd);
@@ -74,9 +110,20 @@ fn launcher(env: &Environment) -> String {
     let Some(exe) = &env.exe else {
         return "skill-lock".to_owned();
     };
-    match on_path(&shell_path(env, exe), "skill-lock") {
+    match on_path(&shell_path(env, exe), PROGRAM) {
         Some(found) if same_file(&found, exe) => "skill-lock".to_owned(),
-        _ => shell_quote(&exe.display().to_string()),
+        _ => call(shell_quote(&exe.display().to_string())),
+    }
+}
+
+/// A quoted program path made a command: as is for a POSIX shell;
+/// PowerShell's call operator `&` before it on Windows (PowerShell reads a
+/// quoted word first as a string; in cmd, paste the line without `& `).
+fn call(program: String) -> String {
+    if cfg!(windows) && program.starts_with(['"', '\'']) {
+        format!("& {program}")
+    } else {
+        program
     }
 }
 
@@ -132,7 +179,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 

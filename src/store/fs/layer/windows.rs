@@ -37,9 +37,12 @@ use std::time::Duration;
 
 use windows_sys::Wdk::Foundation::OBJECT_ATTRIBUTES;
 use windows_sys::Wdk::Storage::FileSystem::{
-    FILE_CREATE, FILE_DIRECTORY_FILE, FILE_NON_DIRECTORY_FILE, FILE_OPEN,
-    FILE_OPEN_FOR_BACKUP_INTENT, FILE_OPEN_IF, FILE_OPEN_REPARSE_POINT,
-    FILE_SYNCHRONOUS_IO_NONALERT, NtCreateFile,
+    FILE_CREATE, FILE_DIRECTORY_FILE, FILE_DISPOSITION_DELETE, FILE_DISPOSITION_INFORMATION,
+    FILE_DISPOSITION_POSIX_SEMANTICS, FILE_INFORMATION_CLASS, FILE_NON_DIRECTORY_FILE, FILE_OPEN,
+    FILE_OPEN_FOR_BACKUP_INTENT, FILE_OPEN_IF, FILE_OPEN_REPARSE_POINT, FILE_RENAME_INFORMATION,
+    FILE_RENAME_POSIX_SEMANTICS, FILE_RENAME_REPLACE_IF_EXISTS, FILE_SYNCHRONOUS_IO_NONALERT,
+    FileDispositionInformation, FileDispositionInformationEx, FileRenameInformation,
+    FileRenameInformationEx, NtCreateFile, NtSetInformationFile,
 };
 use windows_sys::Win32::Foundation::{
     HANDLE, NTSTATUS, OBJ_CASE_INSENSITIVE, RtlNtStatusToDosError, STATUS_FILE_IS_A_DIRECTORY,
@@ -49,13 +52,11 @@ use windows_sys::Win32::Foundation::{
 use windows_sys::Win32::Storage::FileSystem::{
     BY_HANDLE_FILE_INFORMATION, DELETE, FILE_ACCESS_RIGHTS, FILE_APPEND_DATA,
     FILE_ATTRIBUTE_DIRECTORY, FILE_ATTRIBUTE_NORMAL, FILE_ATTRIBUTE_REPARSE_POINT,
-    FILE_DISPOSITION_INFO, FILE_FLAG_BACKUP_SEMANTICS, FILE_GENERIC_READ, FILE_GENERIC_WRITE,
-    FILE_ID_BOTH_DIR_INFO, FILE_LIST_DIRECTORY, FILE_READ_ATTRIBUTES, FILE_RENAME_INFO,
-    FILE_SHARE_DELETE, FILE_SHARE_READ, FILE_SHARE_WRITE, FILE_TRAVERSE, FILE_TYPE_DISK,
-    FILE_WRITE_ATTRIBUTES, FileDispositionInfo, FileIdBothDirectoryInfo,
-    FileIdBothDirectoryRestartInfo, FileRenameInfo, GetFileInformationByHandle,
+    FILE_FLAG_BACKUP_SEMANTICS, FILE_GENERIC_READ, FILE_GENERIC_WRITE, FILE_ID_BOTH_DIR_INFO,
+    FILE_LIST_DIRECTORY, FILE_READ_ATTRIBUTES, FILE_SHARE_DELETE, FILE_SHARE_READ,
+    FILE_SHARE_WRITE, FILE_TRAVERSE, FILE_TYPE_DISK, FILE_WRITE_ATTRIBUTES,
+    FileIdBothDirectoryInfo, FileIdBothDirectoryRestartInfo, GetFileInformationByHandle,
     GetFileInformationByHandleEx, GetFileType, READ_CONTROL, SYNCHRONIZE,
-    SetFileInformationByHandle,
 };
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
@@ -249,30 +250,59 @@ fn retry_sharing<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Resu
     }
 }
 
-/// Marks the entry open at `h` for deletion (POSIX semantics where the
-/// file system has them: the name goes at once).
-fn delete_handle(h: BorrowedHandle<'_>) -> std::io::Result<()> {
-    // FileDispositionInfoEx (21): FILE_DISPOSITION_FLAG_DELETE |
-    // FILE_DISPOSITION_FLAG_POSIX_SEMANTICS.
-    let flags: u32 = 0x1 | 0x2;
-    // SAFETY: a valid handle and a buffer of the class's size.
-    let ok =
-        unsafe { SetFileInformationByHandle(h.as_raw_handle(), 21, (&raw const flags).cast(), 4) };
-    if ok != 0 {
-        return Ok(());
-    }
-    let info = FILE_DISPOSITION_INFO { DeleteFile: true };
-    // SAFETY: a valid handle and a buffer of the class's size.
-    let ok = unsafe {
-        SetFileInformationByHandle(
+/// The status of a file information class this file system or kernel
+/// does not know (older Windows, FAT, wine): the caller falls back.
+fn unsupported(status: NTSTATUS) -> bool {
+    // STATUS_NOT_IMPLEMENTED, STATUS_INVALID_INFO_CLASS,
+    // STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED.
+    [0xC000_0002_u32, 0xC000_0003, 0xC000_000D, 0xC000_00BB]
+        .iter()
+        .any(|&c| c.cast_signed() == status)
+}
+
+/// `NtSetInformationFile` of `class` with the bytes at `info`.
+fn set_information(
+    h: BorrowedHandle<'_>,
+    info: *const std::ffi::c_void,
+    len: usize,
+    class: FILE_INFORMATION_CLASS,
+) -> NTSTATUS {
+    // SAFETY: zeroed plain data the call fills in.
+    let mut iosb: IO_STATUS_BLOCK = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid handle; `info` points to `len` readable bytes.
+    unsafe {
+        NtSetInformationFile(
             h.as_raw_handle(),
-            FileDispositionInfo,
-            (&raw const info).cast(),
-            u32::try_from(std::mem::size_of::<FILE_DISPOSITION_INFO>()).unwrap_or(1),
+            &raw mut iosb,
+            info,
+            u32::try_from(len).unwrap_or(u32::MAX),
+            class,
         )
-    };
-    if ok == 0 {
-        return Err(std::io::Error::last_os_error());
+    }
+}
+
+/// Marks the entry open at `h` for deletion (POSIX semantics where the
+/// file system has them: the name goes at once, even while another
+/// handle is open).
+fn delete_handle(h: BorrowedHandle<'_>) -> std::io::Result<()> {
+    let flags: u32 = FILE_DISPOSITION_DELETE | FILE_DISPOSITION_POSIX_SEMANTICS;
+    let mut status = set_information(
+        h,
+        (&raw const flags).cast(),
+        4,
+        FileDispositionInformationEx,
+    );
+    if unsupported(status) {
+        let info = FILE_DISPOSITION_INFORMATION { DeleteFile: true };
+        status = set_information(
+            h,
+            (&raw const info).cast(),
+            std::mem::size_of::<FILE_DISPOSITION_INFORMATION>(),
+            FileDispositionInformation,
+        );
+    }
+    if status < 0 {
+        return Err(nt_error(status));
     }
     Ok(())
 }
@@ -773,35 +803,40 @@ impl Dir {
     }
 }
 
-/// `FileRenameInfo` of the entry open at `h` to `to` in directory `dest`.
+/// Renames the entry open at `h` to `to` in directory `dest`: POSIX
+/// semantics where the file system has them (a replaced file may still be
+/// open elsewhere), else the classic rename.
 fn rename_handle(
     h: BorrowedHandle<'_>,
     dest: BorrowedHandle<'_>,
     to: &[u16],
     replace: bool,
 ) -> std::io::Result<()> {
-    let head = std::mem::offset_of!(FILE_RENAME_INFO, FileName);
-    let size = head + to.len() * 2 + 2;
-    let mut buf = vec![0u64; size.div_ceil(8)];
-    let info = buf.as_mut_ptr().cast::<FILE_RENAME_INFO>();
+    let head = std::mem::offset_of!(FILE_RENAME_INFORMATION, FileName);
+    let size = head + to.len() * 2;
+    let mut buf = vec![0u64; (size + 2).div_ceil(8)];
+    let info = buf.as_mut_ptr().cast::<FILE_RENAME_INFORMATION>();
+    let replace_flag = if replace {
+        FILE_RENAME_REPLACE_IF_EXISTS
+    } else {
+        0
+    };
     // SAFETY: buf is large enough and 8-aligned for the header and the name.
     unsafe {
-        (*info).Anonymous.ReplaceIfExists = replace;
+        (*info).Anonymous.Flags = replace_flag | FILE_RENAME_POSIX_SEMANTICS;
         (*info).RootDirectory = dest.as_raw_handle();
         (*info).FileNameLength = u32::try_from(to.len() * 2).unwrap_or(0);
         std::ptr::copy_nonoverlapping(to.as_ptr(), (&raw mut (*info).FileName).cast(), to.len());
     }
-    // SAFETY: a valid handle and a buffer of `size` bytes.
-    let ok = unsafe {
-        SetFileInformationByHandle(
-            h.as_raw_handle(),
-            FileRenameInfo,
-            info.cast(),
-            u32::try_from(size).unwrap_or(u32::MAX),
-        )
-    };
-    if ok == 0 {
-        return Err(std::io::Error::last_os_error());
+    let mut status = set_information(h, info.cast_const().cast(), size, FileRenameInformationEx);
+    if unsupported(status) {
+        // The classic class: a BOOLEAN ReplaceIfExists in the first byte.
+        // SAFETY: as above.
+        unsafe { (*info).Anonymous.Flags = replace_flag };
+        status = set_information(h, info.cast_const().cast(), size, FileRenameInformation);
+    }
+    if status < 0 {
+        return Err(nt_error(status));
     }
     Ok(())
 }
