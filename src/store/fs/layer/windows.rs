@@ -18,9 +18,9 @@
 //!   for). The DACL is not inspected: Windows has no `go-w` bit, and a
 //!   directory created here inherits its parent's ACL (docs/design.md);
 //! - nothing is created, renamed or deleted except by name relative to a
-//!   handle below P/run: a rename is `FileRenameInfo` on a handle of the
+//!   handle below P/run: a rename is `FileRenameInformation` on a handle of the
 //!   source with the destination directory's handle as its root, a delete
-//!   is `FileDispositionInfo` on a handle opened without following links.
+//!   is `FileDispositionInformation` on a handle opened without following links.
 //!
 //! Handles are opened sharing read, write and delete, so readers never
 //! block a rename; where NTFS still refuses one for a moment (an open
