@@ -33,8 +33,21 @@ impl Clock {
 }
 
 /// The clock leases are kept on: never steps, and counts time suspended
+/// (Windows `GetTickCount64`, which counts sleep and
+/// hibernation, in milliseconds), as time since an arbitrary origin.
+#[cfg(windows)]
+#[must_use]
+pub fn lease_clock() -> Duration {
+    // SAFETY: no preconditions.
+    Duration::from_millis(unsafe {
+        windows_sys::Win32::System::SystemInformation::GetTickCount64()
+    })
+}
+
+/// The clock leases are kept on: never steps, and counts time suspended
 /// (Linux `CLOCK_BOOTTIME`; elsewhere `CLOCK_MONOTONIC`, which on macOS
 /// counts sleep too), as time since an arbitrary origin.
+#[cfg(unix)]
 #[must_use]
 pub fn lease_clock() -> Duration {
     let mut ts = libc::timespec {
@@ -54,5 +67,5 @@ pub fn lease_clock() -> Duration {
 /// The id of `lease_clock`'s clock (the keeper reads it too).
 #[cfg(target_os = "linux")]
 const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_BOOTTIME;
-#[cfg(not(target_os = "linux"))]
+#[cfg(all(unix, not(target_os = "linux")))]
 const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_MONOTONIC;

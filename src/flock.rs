@@ -3,7 +3,6 @@
 //! answers `store_unavailable` naming the process it waited for.
 
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,21 +104,27 @@ fn process_name(pid: u32) -> String {
 /// The pid holding a `flock` on `file`, from `/proc/locks` (Linux; the
 /// kernel shows it in our pid namespace). Elsewhere: unknown.
 fn flock_holder(file: &File) -> Option<u32> {
-    if !cfg!(target_os = "linux") {
-        return None;
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file;
+        None
     }
-    let meta = file.metadata().ok()?;
-    let dev = meta.dev();
-    // The kernel's (glibc's) encoding of a device number.
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
-    let want = format!("{major:02x}:{minor:02x}:{}", meta.ino());
-    let table = std::fs::read_to_string("/proc/locks").ok()?;
-    table.lines().find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters have "->".
-        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
-            .then(|| f.get(4)?.parse().ok())
-            .flatten()
-    })
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata().ok()?;
+        let dev = meta.dev();
+        // The kernel's (glibc's) encoding of a device number.
+        let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+        let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+        let want = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+        let table = std::fs::read_to_string("/proc/locks").ok()?;
+        table.lines().find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters have "->".
+            (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+                .then(|| f.get(4)?.parse().ok())
+                .flatten()
+        })
+    }
 }

@@ -15,6 +15,21 @@ use crate::config::{Environment, Settings, StoreSource};
 use crate::key::LockKey;
 pub use crate::shell::quote as shell_quote;
 
+/// How the hint names the store variable: the shell's spelling.
+#[cfg(unix)]
+const STORE_VARIABLE: &str = "\"$SKILL_LOCK_STORE\"";
+/// How the hint names the store variable: PowerShell's spelling (cmd's
+/// would be %SKILL_LOCK_STORE%).
+#[cfg(windows)]
+const STORE_VARIABLE: &str = "$env:SKILL_LOCK_STORE";
+
+/// The program's file name as a shell finds it on PATH.
+const PROGRAM: &str = if cfg!(windows) {
+    "skill-lock.exe"
+} else {
+    "skill-lock"
+};
+
 /// The `release --force` command line for `key` in the settings' store.
 #[must_use]
 pub fn release_force(key: &LockKey, settings: &Settings) -> String {
@@ -30,7 +45,8 @@ pub fn release_force(key: &LockKey, settings: &Settings) -> String {
         // A URL with credentials is named the way it was given: the
         // variable, never its value (SPEC §8).
         (StoreSource::Env, Some(url), _) if crate::store::git::has_secret(url) => {
-            line.push_str(" --store \"$SKILL_LOCK_STORE\"");
+            line.push_str(" --store ");
+            line.push_str(STORE_VARIABLE);
         }
         (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
             let url = absolute_url(url, &settings.env.cwd);
@@ -62,9 +78,20 @@ fn launcher(env: &Environment) -> String {
     let Some(exe) = &env.exe else {
         return "skill-lock".to_owned();
     };
-    match on_path(&shell_path(env, exe), "skill-lock") {
+    match on_path(&shell_path(env, exe), PROGRAM) {
         Some(found) if same_file(&found, exe) => "skill-lock".to_owned(),
-        _ => shell_quote(&exe.display().to_string()),
+        _ => call(shell_quote(&exe.display().to_string())),
+    }
+}
+
+/// A quoted program path made a command: as is for a POSIX shell;
+/// PowerShell's call operator `&` before it on Windows (PowerShell reads a
+/// quoted word first as a string; in cmd, paste the line without `& `).
+fn call(program: String) -> String {
+    if cfg!(windows) && program.starts_with(['"', '\'']) {
+        format!("& {program}")
+    } else {
+        program
     }
 }
 
@@ -120,7 +147,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 

@@ -62,12 +62,13 @@ struct GitDirs {
 /// Reads a small git metadata file: never blocking (a FIFO is refused at
 /// once), at most 64 KiB, as text.
 fn read_small(path: &Path) -> Result<String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| Error::io("read", path, e))?;
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NONBLOCK);
+    // Windows: a named pipe is not reachable by a path below a checkout,
+    // and the type is checked below before anything is read.
+    let file = open.open(path).map_err(|e| Error::io("read", path, e))?;
     let meta = file.metadata().map_err(|e| Error::io("read", path, e))?;
     if !meta.is_file() {
         return Err(Error::io(

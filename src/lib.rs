@@ -56,11 +56,21 @@ pub mod liveness;
 pub mod output;
 pub mod record;
 pub mod root;
+#[cfg(unix)]
+pub mod run;
+#[cfg(windows)]
+#[path = "run/windows.rs"]
 pub mod run;
 pub mod shell;
+#[cfg(unix)]
+pub mod signals;
+#[cfg(windows)]
+#[path = "signals_windows.rs"]
 pub mod signals;
 pub mod store;
 pub mod vars;
 pub mod wait;
+#[cfg(windows)]
+pub mod win;
 
 pub use cli::run;

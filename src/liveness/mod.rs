@@ -20,10 +20,16 @@ use crate::record::Holder;
 mod linux;
 #[cfg(target_os = "linux")]
 use linux as os;
-#[cfg(not(target_os = "linux"))]
+#[cfg(all(unix, not(target_os = "linux")))]
 mod fallback;
-#[cfg(not(target_os = "linux"))]
+#[cfg(all(unix, not(target_os = "linux")))]
 use fallback as os;
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as os;
+#[cfg(windows)]
+pub use windows::{group_alive, pid_exists};
 
 /// Where a process runs, as far as it can be known for certain.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,6 +88,10 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+#[cfg(windows)]
+use os::system_hostname;
+
+#[cfg(unix)]
 fn system_hostname() -> Option<String> {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
@@ -110,6 +120,7 @@ pub fn process_start(pid: u32) -> Option<u64> {
 }
 
 /// Does a process with this pid exist here? (`None`: cannot tell.)
+#[cfg(unix)]
 #[must_use]
 pub fn pid_exists(pid: u32) -> Option<bool> {
     let Ok(raw) = libc::pid_t::try_from(pid) else {
@@ -137,6 +148,7 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
 /// start time proves the group ended and its id was reused, since a group id
 /// is never handed out as a pid while any member of that group lives. A
 /// group whose members are all zombies writes nothing more: it is gone.
+#[cfg(unix)]
 #[must_use]
 pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
     let raw = match libc::pid_t::try_from(pgid) {
@@ -195,10 +207,17 @@ fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
 /// too.
 #[must_use]
 pub fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
-    same(holder.boot_id.as_ref(), here.boot_id.as_ref())
-        && same(holder.pid_ns.as_ref(), here.pid_ns.as_ref())
-        && (os::initial_pid_ns(here.pid_ns)
-            || same(holder.pid_ns_start.as_ref(), here.pid_ns_start.as_ref()))
+    #[cfg(windows)]
+    {
+        os::pid_comparable(holder, here)
+    }
+    #[cfg(unix)]
+    {
+        same(holder.boot_id.as_ref(), here.boot_id.as_ref())
+            && same(holder.pid_ns.as_ref(), here.pid_ns.as_ref())
+            && (os::initial_pid_ns(here.pid_ns)
+                || same(holder.pid_ns_start.as_ref(), here.pid_ns_start.as_ref()))
+    }
 }
 
 /// True when `holder` was certainly written on this machine before its
@@ -234,7 +253,7 @@ pub fn owner_gone(holder: &Holder, here: &Origin) -> bool {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
     use crate::record::tests::sample;

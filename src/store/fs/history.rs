@@ -22,8 +22,11 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+#[cfg(unix)]
 use std::os::unix::fs::FileExt;
 
+#[cfg(windows)]
+use super::layer::FileExt;
 use super::layer::{Dir, Open};
 use crate::error::{Error, Result};
 use crate::history::Event;

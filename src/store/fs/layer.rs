@@ -20,16 +20,31 @@
 //!   a handle below P/run, so no link can lead a write outside it; a tree is
 //!   removed only by walking handles, never leaving the device it is on.
 
-use std::ffi::{OsStr, OsString};
+#[cfg(unix)]
+use std::ffi::OsStr;
+use std::ffi::OsString;
 use std::fs::File;
-use std::io::{ErrorKind, Read, Write};
+#[cfg(unix)]
+use std::io::Write;
+use std::io::{ErrorKind, Read};
+#[cfg(unix)]
 use std::os::fd::{AsFd, OwnedFd};
+#[cfg(unix)]
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+#[cfg(unix)]
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
 
 use crate::error::{Error, Result};
+
+// Windows: the same `Dir` by NT handles relative to their directory.
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+pub use windows::{Dir, FileExt, SHARING_RETRY, Stat, remote_protocol};
+#[cfg(windows)]
+use windows::{found, not_a};
 
 /// The most bytes read from any file of the layer (a record, a counter, the
 /// config): a planted endless or huge file costs one bounded read.
@@ -46,6 +61,7 @@ pub enum Open {
     AppendCreate,
 }
 
+#[cfg(unix)]
 /// An open directory of the layer and the path it was reached by (for messages).
 #[derive(Debug)]
 pub struct Dir {
@@ -53,11 +69,13 @@ pub struct Dir {
     path: PathBuf,
 }
 
+#[cfg(unix)]
 fn uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
 
+#[cfg(unix)]
 /// Who owns uid `n`, for messages: a name where the passwd file says one.
 fn user_name(n: u32) -> String {
     std::fs::read_to_string("/etc/passwd")
@@ -71,6 +89,7 @@ fn user_name(n: u32) -> String {
         .map_or_else(|| format!("uid {n}"), |name| format!("{name} (uid {n})"))
 }
 
+#[cfg(unix)]
 fn kind_of(st: &Stat) -> &'static str {
     match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => "a regular file",
@@ -92,11 +111,13 @@ fn untrusted(path: &Path, why: String, fix: String) -> Error {
     }
 }
 
+#[cfg(unix)]
 /// What stands at a name, for messages (`None`: a link, or gone).
 fn found(st: Option<&Stat>) -> &'static str {
     st.map_or("a symbolic link", kind_of)
 }
 
+#[cfg(unix)]
 /// The error for an entry that is not what the layer needs there.
 fn not_a(path: &Path, want: &str, found: &str) -> Error {
     untrusted(
@@ -111,6 +132,7 @@ fn not_a(path: &Path, want: &str, found: &str) -> Error {
     )
 }
 
+#[cfg(unix)]
 /// Refuses a directory that is not the invoking user's alone.
 fn check_owner(path: &Path, st: &Stat) -> Result<()> {
     let me = uid();
@@ -141,6 +163,7 @@ fn check_owner(path: &Path, st: &Stat) -> Result<()> {
     Ok(())
 }
 
+#[cfg(unix)]
 impl Dir {
     /// Opens the anchor of a layer: a path the user chose (links followed).
     /// `None` when it does not exist.
@@ -616,10 +639,12 @@ pub fn read_bounded(mut file: File, size: u64, limit: usize) -> std::io::Result<
     Ok(bytes)
 }
 
+#[cfg(unix)]
 trait Mode0700 {
     fn mode_0700(&mut self) -> &mut Self;
 }
 
+#[cfg(unix)]
 impl Mode0700 for std::fs::DirBuilder {
     fn mode_0700(&mut self) -> &mut Self {
         use std::os::unix::fs::DirBuilderExt;

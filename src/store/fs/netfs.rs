@@ -2,7 +2,10 @@
 //! not coherent between machines, the file store refuses to decide on a
 //! record another machine wrote.
 
+#[cfg(unix)]
 use std::os::fd::BorrowedFd;
+#[cfg(windows)]
+use std::os::windows::io::BorrowedHandle as BorrowedFd;
 use std::path::Path;
 
 use crate::liveness::Origin;
@@ -20,7 +23,11 @@ pub fn network_fs_of(dir: BorrowedFd<'_>) -> Option<&'static str> {
         let magic = st.f_type as u32;
         network_fs_name(magic)
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(windows)]
+    {
+        super::layer::remote_protocol(dir)
+    }
+    #[cfg(all(unix, not(target_os = "linux")))]
     {
         // macOS: statfs's f_fstypename ("nfs", "smbfs", "macfuse") would tell.
         let _ = dir;

@@ -86,17 +86,22 @@ pub(super) fn run(
     input: Option<&[u8]>,
     deadline: Instant,
 ) -> std::io::Result<Option<Output>> {
-    use std::os::unix::process::CommandExt;
-    cmd.process_group(0)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(cmd, 0);
+    cmd.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
+    #[cfg(unix)]
     let pgid = libc::pid_t::try_from(child.id()).unwrap_or(0);
+    // Windows: git and what it starts (ssh, credential helpers) in a Job
+    // Object, the whole of which is killed at the deadline.
+    #[cfg(windows)]
+    let job = crate::win::Job::new().and_then(|j| j.assign(child.id()).map(|()| j))?;
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
         let bytes = bytes.to_vec();
         std::thread::spawn(move || {
@@ -119,6 +124,9 @@ pub(super) fn run(
             let _ = tx_err.send(v);
         });
     }
+    #[cfg(windows)]
+    let kill = || job.terminate(1);
+    #[cfg(unix)]
     let kill = || {
         if pgid > 0 {
             // SAFETY: signals only the process group this call created.
@@ -203,7 +211,9 @@ pub(super) trait Mode0700 {
 
 impl Mode0700 for std::fs::DirBuilder {
     fn mode_0700(&mut self) -> &mut Self {
-        use std::os::unix::fs::DirBuilderExt;
-        self.mode(0o700)
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(self, 0o700);
+        // Windows: the directory inherits its parent's ACL.
+        self
     }
 }

@@ -99,6 +99,8 @@ impl GitStore {
             .create(parent)
             .map_err(|e| Error::io("create", parent, e))?;
         // Under a shared temporary directory, only a directory of our own will do.
+        // (Windows: the temporary directory is in the user's own profile.)
+        #[cfg(unix)]
         if parent.starts_with(std::env::temp_dir()) {
             use std::os::unix::fs::MetadataExt;
             // SAFETY: getuid has no preconditions.

@@ -1,0 +1,153 @@
+//! Windows (SPEC §6, §10): a process is its pid **and its creation time**
+//! (`GetProcessTimes`, 100 ns since 1601), the machine is a hash of
+//! `HKLM\SOFTWARE\Microsoft\Cryptography\MachineGuid`, the boot is the
+//! kernel's boot counter (`...\PrefetchParameters\BootId`, where Windows
+//! keeps one) and the boot clock `GetTickCount64` (counts sleep, never
+//! steps).
+//!
+//! A pid with its creation time names one process on one machine for good
+//! (a later process with the same pid has a later creation time, in any
+//! boot), so a record written on this machine is judged by its pid without
+//! a boot id: no process with that pid, or one created at another time,
+//! means its owner is gone. There are no pid namespaces; a Windows
+//! container (the `ContainerType` value of
+//! `HKLM\SYSTEM\CurrentControlSet\Control`) has its own pids and maybe
+//! its image's MachineGuid, so inside one no machine is certain and every
+//! record is judged by its lease alone, as is one from any other machine.
+
+use sha2::{Digest, Sha256};
+use windows_sys::Win32::System::Threading::PROCESS_QUERY_LIMITED_INFORMATION;
+
+use super::Origin;
+use crate::record::Holder;
+use crate::win;
+
+const CONTROL: &str = r"SYSTEM\CurrentControlSet\Control";
+const PREFETCH: &str =
+    r"SYSTEM\CurrentControlSet\Control\Session Manager\Memory Management\PrefetchParameters";
+
+pub(super) fn origin() -> Origin {
+    Origin {
+        machine: certain_machine(),
+        boot_id: boot_id(),
+        pid_ns: None,
+        pid_ns_start: None,
+        time_ns: None,
+    }
+}
+
+/// The machine, unless inside a container: a hash of MachineGuid (the id
+/// itself is never stored).
+fn certain_machine() -> Option<String> {
+    if win::registry_has(CONTROL, "ContainerType") {
+        return None;
+    }
+    let guid = win::registry_string(r"SOFTWARE\Microsoft\Cryptography", "MachineGuid")?;
+    let digest = Sha256::digest(format!(
+        "skill-lock machine windows {}",
+        guid.to_ascii_lowercase()
+    ));
+    Some(crate::record::hex(&digest[..16]))
+}
+
+/// The kernel's boot counter, with the machine it counts on (a counter
+/// alone repeats across machines).
+fn boot_id() -> Option<String> {
+    use windows_sys::Win32::System::Registry::{
+        HKEY_LOCAL_MACHINE, RRF_RT_REG_DWORD, RRF_SUBKEY_WOW6464KEY, RegGetValueW,
+    };
+    let machine = certain_machine()?;
+    let key: Vec<u16> = PREFETCH.encode_utf16().chain([0]).collect();
+    let value: Vec<u16> = "BootId".encode_utf16().chain([0]).collect();
+    let mut n = 0u32;
+    let mut len = 4u32;
+    // SAFETY: NUL-terminated names and a 4-byte buffer for a DWORD.
+    let rc = unsafe {
+        RegGetValueW(
+            HKEY_LOCAL_MACHINE,
+            key.as_ptr(),
+            value.as_ptr(),
+            RRF_RT_REG_DWORD | RRF_SUBKEY_WOW6464KEY,
+            std::ptr::null_mut(),
+            (&raw mut n).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0).then(|| format!("windows-boot-{n}-{machine}"))
+}
+
+/// A pid recorded in `holder` is judged here when the record is certainly
+/// this machine's (the same MachineGuid hash, outside a container): a pid
+/// with its creation time names one process across boots.
+pub(super) fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
+    matches!((&holder.machine, &here.machine), (Some(a), Some(b)) if a == b)
+}
+
+#[allow(
+    clippy::unnecessary_wraps,
+    reason = "the interface of every platform: some have no boot clock"
+)]
+pub(super) fn boot_ms() -> Option<u64> {
+    // SAFETY: no preconditions.
+    Some(unsafe { windows_sys::Win32::System::SystemInformation::GetTickCount64() })
+}
+
+pub(super) fn process_start(pid: u32) -> Option<u64> {
+    win::process_creation(pid)
+}
+
+/// Does a running process with this pid exist here? (`None`: cannot tell.)
+#[must_use]
+pub fn pid_exists(pid: u32) -> Option<bool> {
+    if pid == 0 {
+        return Some(false);
+    }
+    match win::open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION) {
+        Ok(None) => Some(false),
+        // An exited process whose object someone still holds is gone.
+        Ok(Some(h)) => Some(win::running(std::os::windows::io::AsHandle::as_handle(&h))),
+        // Access denied: it exists, and is someone else's.
+        Err(e) if e.raw_os_error() == Some(5) => Some(true),
+        Err(_) => None,
+    }
+}
+
+/// Windows has no process groups: a "group" recorded by another platform
+/// is judged by its leader's pid and creation time.
+#[must_use]
+pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
+    if !pid_exists(pgid)? {
+        return Some(false);
+    }
+    match (leader_start, process_start(pgid)) {
+        (Some(recorded), Some(current)) if recorded != current => Some(false),
+        _ => Some(true),
+    }
+}
+
+/// `run` owns its command's processes through a Job Object instead.
+pub(super) fn tree(_root: u32) -> Option<Vec<u32>> {
+    None
+}
+
+/// This computer's NetBIOS name.
+pub(super) fn system_hostname() -> Option<String> {
+    use windows_sys::Win32::System::SystemInformation::{
+        ComputerNamePhysicalDnsHostname, GetComputerNameExW,
+    };
+    let mut buf = [0u16; 256];
+    let mut len = u32::try_from(buf.len()).unwrap_or(256);
+    // SAFETY: a buffer of `len` wide characters.
+    let ok = unsafe {
+        GetComputerNameExW(
+            ComputerNamePhysicalDnsHostname,
+            buf.as_mut_ptr(),
+            &raw mut len,
+        )
+    };
+    if ok == 0 {
+        return None;
+    }
+    let name = String::from_utf16_lossy(buf.get(..usize::try_from(len).ok()?)?);
+    (!name.is_empty()).then_some(name)
+}

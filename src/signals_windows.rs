@@ -1,0 +1,133 @@
+//! The console events `run` handles on Windows (SPEC §2.7, §10), in the
+//! place of SIGINT, SIGTERM and SIGHUP.
+//!
+//! [`block`] installs one `SetConsoleCtrlHandler` routine that queues each
+//! event as the signal number it stands for and tells Windows it was
+//! handled (so the wrapper lives on to stop its command and release);
+//! [`Signals::listen`] hands them over a channel, as on Unix. The mapping,
+//! reported as 128+number like a Unix signal:
+//!
+//! - Ctrl-C (`CTRL_C_EVENT`) is SIGINT, 2 (exit 130);
+//! - Ctrl-Break (`CTRL_BREAK_EVENT`) is SIGBREAK, 21, the number the C
+//!   runtime of Windows gives it (exit 149);
+//! - closing the console, logoff and shutdown (`CTRL_CLOSE_EVENT`,
+//!   `CTRL_LOGOFF_EVENT`, `CTRL_SHUTDOWN_EVENT`) are SIGHUP, 1 (exit 129),
+//!   as a hang-up of the terminal is on Unix.
+//!
+//! The command shares the console, so it gets the same event itself from
+//! Windows; nothing needs forwarding.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, mpsc};
+use std::time::Duration;
+
+use windows_sys::Win32::System::Console::{
+    CTRL_BREAK_EVENT, CTRL_C_EVENT, CTRL_CLOSE_EVENT, CTRL_LOGOFF_EVENT, CTRL_SHUTDOWN_EVENT,
+    SetConsoleCtrlHandler,
+};
+
+/// Ctrl-C.
+pub const SIGINT: libc::c_int = 2;
+/// Ctrl-Break (the C runtime's SIGBREAK).
+pub const SIGBREAK: libc::c_int = 21;
+/// The console closed, logoff, shutdown.
+pub const SIGHUP: libc::c_int = 1;
+/// What a lost lease stops the command with (reported as 128+15).
+pub const SIGTERM: libc::c_int = 15;
+
+/// The events `run` takes over, as signal numbers.
+pub const FORWARDED: [libc::c_int; 3] = [SIGINT, SIGBREAK, SIGHUP];
+
+static QUEUE: Mutex<VecDeque<libc::c_int>> = Mutex::new(VecDeque::new());
+static ARRIVED: Condvar = Condvar::new();
+
+unsafe extern "system" fn on_event(event: u32) -> windows_sys::core::BOOL {
+    let sig = match event {
+        CTRL_C_EVENT => SIGINT,
+        CTRL_BREAK_EVENT => SIGBREAK,
+        CTRL_CLOSE_EVENT | CTRL_LOGOFF_EVENT | CTRL_SHUTDOWN_EVENT => SIGHUP,
+        _ => return 0,
+    };
+    if let Ok(mut q) = QUEUE.lock() {
+        q.push_back(sig);
+        ARRIVED.notify_all();
+    }
+    1
+}
+
+/// Installs the handler: from now on the events are queued, not fatal.
+pub fn block() {
+    // SAFETY: a valid handler routine for the life of the process.
+    unsafe {
+        SetConsoleCtrlHandler(Some(on_event), 1);
+    }
+}
+
+fn wait_one() -> Option<libc::c_int> {
+    let mut q = QUEUE.lock().ok()?;
+    loop {
+        if let Some(sig) = q.pop_front() {
+            return Some(sig);
+        }
+        q = ARRIVED.wait(q).ok()?;
+    }
+}
+
+/// The receiving end of the events taken by the handler.
+#[derive(Debug)]
+pub struct Signals {
+    rx: mpsc::Receiver<libc::c_int>,
+}
+
+impl Signals {
+    /// Starts the thread that hands the queued events over ([`block`] first).
+    #[must_use]
+    pub fn listen() -> Self {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            while let Some(sig) = wait_one() {
+                if tx.send(sig).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { rx }
+    }
+
+    /// Waits up to `timeout` for an event; `None` when none came.
+    #[must_use]
+    pub fn next(&self, timeout: Duration) -> Option<libc::c_int> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+
+    /// Hands every later event to `tx` as `wrap(signal)`.
+    pub fn forward<T: Send + 'static>(self, tx: mpsc::Sender<T>, wrap: fn(libc::c_int) -> T) {
+        std::thread::spawn(move || {
+            while let Ok(sig) = self.rx.recv() {
+                if tx.send(wrap(sig)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// The exit status of a process a console event ended (or of `run` that
+/// such an event interrupted): 128 + the event's signal number, as on Unix.
+/// The one place it is computed.
+#[must_use]
+pub fn exit_status(sig: libc::c_int) -> u8 {
+    u8::try_from(128 + sig.clamp(0, 127)).unwrap_or(u8::MAX)
+}
+
+/// The name of an event's signal, for messages.
+#[must_use]
+pub fn name(sig: libc::c_int) -> &'static str {
+    match sig {
+        SIGINT => "SIGINT (Ctrl-C)",
+        SIGBREAK => "SIGBREAK (Ctrl-Break)",
+        SIGHUP => "SIGHUP (console closed)",
+        SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
+}

@@ -1,0 +1,928 @@
+//! The personal layer on Windows (SPEC §5 "Trust", §7 "Hostile layers",
+//! §10): the same [`Dir`] as on Unix, by NT handles.
+//!
+//! The invariants are the Unix ones, kept with what NTFS offers:
+//!
+//! - every entry below the anchor is opened by `NtCreateFile` **relative to
+//!   the open handle of its directory** (the `openat` of Windows: one name,
+//!   no path walk) with `FILE_OPEN_REPARSE_POINT`, so a symbolic link, a
+//!   junction or a mount point is opened itself, never followed, and then
+//!   refused by its `FILE_ATTRIBUTE_REPARSE_POINT`; a name is one component
+//!   (no `\`, `/`, `:` stream, `.` or `..`);
+//! - only directories and regular disk files are used (`GetFileType` must
+//!   say `FILE_TYPE_DISK`); a read is bounded by [`READ_LIMIT`]; a file
+//!   written in place must have one link;
+//! - P and P/run must be owned by the invoking user (the owner SID of the
+//!   directory is the token's user, or the Administrators group when this
+//!   token is a member, which is whom an elevated process creates files
+//!   for). The DACL is not inspected: Windows has no `go-w` bit, and a
+//!   directory created here inherits its parent's ACL (docs/design.md);
+//! - nothing is created, renamed or deleted except by name relative to a
+//!   handle below P/run: a rename is `FileRenameInformation` on a handle of the
+//!   source with the destination directory's handle as its root, a delete
+//!   is `FileDispositionInformation` on a handle opened without following links.
+//!
+//! Handles are opened sharing read, write and delete, so readers never
+//! block a rename; where NTFS still refuses one for a moment (an open
+//! handle without delete sharing, an indexer, a virus scanner), the rename
+//! or delete is retried for at most [`SHARING_RETRY`].
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{ErrorKind, Write};
+use std::os::windows::ffi::{OsStrExt, OsStringExt};
+use std::os::windows::io::{AsHandle, AsRawHandle, BorrowedHandle, FromRawHandle, OwnedHandle};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use windows_sys::Wdk::Foundation::OBJECT_ATTRIBUTES;
+use windows_sys::Wdk::Storage::FileSystem::{
+    FILE_CREATE, FILE_DIRECTORY_FILE, FILE_DISPOSITION_DELETE, FILE_DISPOSITION_INFORMATION,
+    FILE_DISPOSITION_POSIX_SEMANTICS, FILE_INFORMATION_CLASS, FILE_NON_DIRECTORY_FILE, FILE_OPEN,
+    FILE_OPEN_FOR_BACKUP_INTENT, FILE_OPEN_IF, FILE_OPEN_REPARSE_POINT, FILE_RENAME_INFORMATION,
+    FILE_RENAME_POSIX_SEMANTICS, FILE_RENAME_REPLACE_IF_EXISTS, FILE_SYNCHRONOUS_IO_NONALERT,
+    FileDispositionInformation, FileDispositionInformationEx, FileRenameInformation,
+    FileRenameInformationEx, NtCreateFile, NtSetInformationFile,
+};
+use windows_sys::Win32::Foundation::{
+    HANDLE, NTSTATUS, OBJ_CASE_INSENSITIVE, RtlNtStatusToDosError, STATUS_FILE_IS_A_DIRECTORY,
+    STATUS_NOT_A_DIRECTORY, STATUS_OBJECT_NAME_COLLISION, STATUS_OBJECT_NAME_NOT_FOUND,
+    STATUS_OBJECT_PATH_NOT_FOUND, UNICODE_STRING,
+};
+use windows_sys::Win32::Storage::FileSystem::{
+    BY_HANDLE_FILE_INFORMATION, DELETE, FILE_ACCESS_RIGHTS, FILE_APPEND_DATA,
+    FILE_ATTRIBUTE_DIRECTORY, FILE_ATTRIBUTE_NORMAL, FILE_ATTRIBUTE_REPARSE_POINT,
+    FILE_FLAG_BACKUP_SEMANTICS, FILE_GENERIC_READ, FILE_GENERIC_WRITE, FILE_ID_BOTH_DIR_INFO,
+    FILE_LIST_DIRECTORY, FILE_READ_ATTRIBUTES, FILE_SHARE_DELETE, FILE_SHARE_READ,
+    FILE_SHARE_WRITE, FILE_TRAVERSE, FILE_TYPE_DISK, FILE_WRITE_ATTRIBUTES,
+    FileIdBothDirectoryInfo, FileIdBothDirectoryRestartInfo, GetFileInformationByHandle,
+    GetFileInformationByHandleEx, GetFileType, READ_CONTROL, SYNCHRONIZE,
+};
+use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
+
+use super::{Entry, Open, READ_LIMIT, read_bounded, untrusted};
+use crate::error::{Error, Result};
+
+/// How long a rename or delete that NTFS refuses for a sharing reason (an
+/// open handle elsewhere) is retried.
+pub const SHARING_RETRY: Duration = Duration::from_secs(2);
+
+const SHARE_ALL: u32 = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
+const DIR_ACCESS: FILE_ACCESS_RIGHTS =
+    FILE_LIST_DIRECTORY | FILE_TRAVERSE | FILE_READ_ATTRIBUTES | READ_CONTROL | SYNCHRONIZE;
+const ERROR_ACCESS_DENIED: i32 = 5;
+const ERROR_SHARING_VIOLATION: i32 = 32;
+const ERROR_NO_MORE_FILES: i32 = 18;
+
+/// What `GetFileInformationByHandle` tells about an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    attributes: u32,
+    volume: u32,
+    index: u64,
+    links: u32,
+    size: u64,
+    disk: bool,
+}
+
+impl Stat {
+    fn of(h: BorrowedHandle<'_>) -> std::io::Result<Self> {
+        // SAFETY: zeroed plain data the call fills in.
+        let mut info: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid handle and out-pointer.
+        if unsafe { GetFileInformationByHandle(h.as_raw_handle(), &raw mut info) } == 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a valid handle.
+        let kind = unsafe { GetFileType(h.as_raw_handle()) };
+        Ok(Self {
+            attributes: info.dwFileAttributes,
+            volume: info.dwVolumeSerialNumber,
+            index: (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow),
+            links: info.nNumberOfLinks,
+            size: (u64::from(info.nFileSizeHigh) << 32) | u64::from(info.nFileSizeLow),
+            disk: kind == FILE_TYPE_DISK,
+        })
+    }
+
+    fn is_link(&self) -> bool {
+        self.attributes & FILE_ATTRIBUTE_REPARSE_POINT != 0
+    }
+
+    fn is_dir(&self) -> bool {
+        !self.is_link() && self.attributes & FILE_ATTRIBUTE_DIRECTORY != 0
+    }
+
+    fn is_file(&self) -> bool {
+        !self.is_link() && self.attributes & FILE_ATTRIBUTE_DIRECTORY == 0 && self.disk
+    }
+
+    fn kind(&self) -> &'static str {
+        if self.is_link() {
+            "a symbolic link, junction or mount point"
+        } else if self.is_dir() {
+            "a directory"
+        } else if self.is_file() {
+            "a regular file"
+        } else {
+            "a special file"
+        }
+    }
+}
+
+/// An open directory of the layer and the path it was reached by (for messages).
+#[derive(Debug)]
+pub struct Dir {
+    handle: OwnedHandle,
+    path: PathBuf,
+}
+
+/// Quotes `s` for PowerShell (the fixes in messages are PowerShell lines).
+fn ps_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+pub(super) fn not_a(path: &Path, want: &str, found: &str) -> Error {
+    untrusted(
+        path,
+        format!(
+            "it is {found}, not {want}; the tool never follows links or opens special files in the personal layer"
+        ),
+        format!(
+            "remove it (Remove-Item -Recurse -Force {}) and run again",
+            ps_quote(&path.display().to_string())
+        ),
+    )
+}
+
+pub(super) fn found(st: Option<&Stat>) -> &'static str {
+    st.map_or("gone", Stat::kind)
+}
+
+/// One component of a name, as UTF-16, or `None` when it is not one.
+fn component(name: &OsStr) -> Option<Vec<u16>> {
+    let wide: Vec<u16> = name.encode_wide().collect();
+    let bad = |c: u16| c < 0x20 || u8::try_from(c).is_ok_and(|b| br#"\/:*?"<>|"#.contains(&b));
+    let dots = wide.iter().all(|&c| c == u16::from(b'.'));
+    (!wide.is_empty() && !dots && !wide.iter().any(|&c| bad(c))).then_some(wide)
+}
+
+fn nt_error(status: NTSTATUS) -> std::io::Error {
+    // SAFETY: a pure mapping.
+    let code = unsafe { RtlNtStatusToDosError(status) };
+    std::io::Error::from_raw_os_error(i32::try_from(code).unwrap_or(i32::MAX))
+}
+
+/// `NtCreateFile` of the single name `name` relative to directory `root`.
+fn nt_open(
+    root: BorrowedHandle<'_>,
+    name: &OsStr,
+    access: FILE_ACCESS_RIGHTS,
+    disposition: u32,
+    options: u32,
+) -> std::result::Result<OwnedHandle, NTSTATUS> {
+    let Some(mut wide) = component(name) else {
+        return Err(STATUS_OBJECT_NAME_NOT_FOUND_INVALID);
+    };
+    let bytes = u16::try_from(wide.len() * 2).map_err(|_| STATUS_OBJECT_NAME_NOT_FOUND_INVALID)?;
+    let uname = UNICODE_STRING {
+        Length: bytes,
+        MaximumLength: bytes,
+        Buffer: wide.as_mut_ptr(),
+    };
+    let attrs = OBJECT_ATTRIBUTES {
+        Length: u32::try_from(std::mem::size_of::<OBJECT_ATTRIBUTES>()).unwrap_or(48),
+        RootDirectory: root.as_raw_handle(),
+        ObjectName: &raw const uname,
+        Attributes: OBJ_CASE_INSENSITIVE,
+        SecurityDescriptor: std::ptr::null(),
+        SecurityQualityOfService: std::ptr::null(),
+    };
+    // SAFETY: zeroed plain data the call fills in.
+    let mut iosb: IO_STATUS_BLOCK = unsafe { std::mem::zeroed() };
+    let mut handle: HANDLE = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the name outlives it.
+    let status = unsafe {
+        NtCreateFile(
+            &raw mut handle,
+            access,
+            &raw const attrs,
+            &raw mut iosb,
+            std::ptr::null(),
+            FILE_ATTRIBUTE_NORMAL,
+            SHARE_ALL,
+            disposition,
+            options | FILE_OPEN_REPARSE_POINT | FILE_SYNCHRONOUS_IO_NONALERT,
+            std::ptr::null(),
+            0,
+        )
+    };
+    if status < 0 {
+        return Err(status);
+    }
+    // SAFETY: a handle NtCreateFile just returned, owned by no one else.
+    Ok(unsafe { OwnedHandle::from_raw_handle(handle) })
+}
+
+/// `STATUS_OBJECT_NAME_INVALID`: a name that is not one component.
+const STATUS_OBJECT_NAME_NOT_FOUND_INVALID: NTSTATUS = 0xC000_0033_u32.cast_signed();
+
+fn absent(status: NTSTATUS) -> bool {
+    status == STATUS_OBJECT_NAME_NOT_FOUND || status == STATUS_OBJECT_PATH_NOT_FOUND
+}
+
+/// Runs `op` again while NTFS refuses it for a sharing reason, at most
+/// [`SHARING_RETRY`].
+fn retry_sharing<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let until = crate::clock::lease_clock() + SHARING_RETRY;
+    loop {
+        match op() {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(ERROR_SHARING_VIOLATION | ERROR_ACCESS_DENIED)
+                ) && crate::clock::lease_clock() < until =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The status of a file information class this file system or kernel
+/// does not know (older Windows, FAT, wine): the caller falls back.
+fn unsupported(status: NTSTATUS) -> bool {
+    // STATUS_NOT_IMPLEMENTED, STATUS_INVALID_INFO_CLASS,
+    // STATUS_INVALID_PARAMETER, STATUS_NOT_SUPPORTED.
+    [0xC000_0002_u32, 0xC000_0003, 0xC000_000D, 0xC000_00BB]
+        .iter()
+        .any(|&c| c.cast_signed() == status)
+}
+
+/// `NtSetInformationFile` of `class` with the bytes at `info`.
+fn set_information(
+    h: BorrowedHandle<'_>,
+    info: *const std::ffi::c_void,
+    len: usize,
+    class: FILE_INFORMATION_CLASS,
+) -> NTSTATUS {
+    // SAFETY: zeroed plain data the call fills in.
+    let mut iosb: IO_STATUS_BLOCK = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid handle; `info` points to `len` readable bytes.
+    unsafe {
+        NtSetInformationFile(
+            h.as_raw_handle(),
+            &raw mut iosb,
+            info,
+            u32::try_from(len).unwrap_or(u32::MAX),
+            class,
+        )
+    }
+}
+
+/// Marks the entry open at `h` for deletion (POSIX semantics where the
+/// file system has them: the name goes at once, even while another
+/// handle is open).
+fn delete_handle(h: BorrowedHandle<'_>) -> std::io::Result<()> {
+    let flags: u32 = FILE_DISPOSITION_DELETE | FILE_DISPOSITION_POSIX_SEMANTICS;
+    let mut status = set_information(
+        h,
+        (&raw const flags).cast(),
+        4,
+        FileDispositionInformationEx,
+    );
+    if unsupported(status) {
+        let info = FILE_DISPOSITION_INFORMATION { DeleteFile: true };
+        status = set_information(
+            h,
+            (&raw const info).cast(),
+            std::mem::size_of::<FILE_DISPOSITION_INFORMATION>(),
+            FileDispositionInformation,
+        );
+    }
+    if status < 0 {
+        return Err(nt_error(status));
+    }
+    Ok(())
+}
+
+impl Dir {
+    /// Opens the anchor of a layer: a path the user chose (links followed).
+    /// `None` when it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when it cannot be opened as a directory.
+    pub fn anchor(path: &Path) -> Result<Option<Self>> {
+        use std::os::windows::fs::OpenOptionsExt;
+        let file = match std::fs::OpenOptions::new()
+            .access_mode(DIR_ACCESS)
+            .share_mode(SHARE_ALL)
+            .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io("open", path, e)),
+        };
+        let d = Self {
+            handle: OwnedHandle::from(file),
+            path: path.to_path_buf(),
+        };
+        if !d.stat()?.is_dir() {
+            return Err(Error::io(
+                "open",
+                path,
+                std::io::Error::other("it is not a directory"),
+            ));
+        }
+        Ok(Some(d))
+    }
+
+    /// The anchor, created (parents too) when absent.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when it cannot be created or opened.
+    pub fn anchor_create(path: &Path) -> Result<Self> {
+        if let Some(d) = Self::anchor(path)? {
+            return Ok(d);
+        }
+        std::fs::create_dir_all(path).map_err(|e| Error::io("create", path, e))?;
+        Self::anchor(path)?.ok_or_else(|| {
+            Error::io(
+                "open",
+                path,
+                std::io::Error::other("it disappeared right after it was created"),
+            )
+        })
+    }
+
+    /// The path this handle was reached by.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The handle itself (for the network file system check).
+    #[must_use]
+    pub fn fd(&self) -> BorrowedHandle<'_> {
+        self.handle.as_handle()
+    }
+
+    /// The path of entry `name` (for messages).
+    #[must_use]
+    pub fn join(&self, name: impl AsRef<OsStr>) -> PathBuf {
+        self.path.join(name.as_ref())
+    }
+
+    /// Status of this directory.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn stat(&self) -> Result<Stat> {
+        Stat::of(self.fd()).map_err(|e| Error::io("stat", &self.path, e))
+    }
+
+    /// Refuses this directory unless the invoking user owns it.
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`], [`Error::Io`].
+    pub fn check_owner(&self) -> Result<()> {
+        match crate::win::owned_by_me(self.fd()) {
+            Ok(crate::win::Owner::Me) => Ok(()),
+            Ok(crate::win::Owner::Other(sid)) => Err(untrusted(
+                &self.path,
+                format!(
+                    "it is owned by {sid}, not by you; another user's directory could redirect or forge locks"
+                ),
+                format!(
+                    "run skill-lock as its owner, or take it over (takeown /r /f {}), or pick another store: --store file:DIR",
+                    ps_quote(&self.path.display().to_string())
+                ),
+            )),
+            Err(e) => Err(Error::io("inspect the owner of", &self.path, e)),
+        }
+    }
+
+    /// Status of entry `name`, links not followed; `None` when absent.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn stat_at(&self, name: impl AsRef<OsStr>) -> Result<Option<Stat>> {
+        let name = name.as_ref();
+        match nt_open(
+            self.fd(),
+            name,
+            FILE_READ_ATTRIBUTES | SYNCHRONIZE,
+            FILE_OPEN,
+            0,
+        ) {
+            Ok(h) => Stat::of(h.as_handle())
+                .map(Some)
+                .map_err(|e| Error::io("stat", self.join(name), e)),
+            Err(s) if absent(s) => Ok(None),
+            Err(s) => Err(Error::io("stat", self.join(name), nt_error(s))),
+        }
+    }
+
+    /// Opens subdirectory `name` without following a link, created when
+    /// absent and `create`; `None` when absent and not `create`. It must be
+    /// the invoking user's.
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`] for a link, a non-directory or a foreign
+    /// directory; [`Error::Io`] otherwise.
+    pub fn dir(&self, name: impl AsRef<OsStr>, create: bool) -> Result<Option<Self>> {
+        let name = name.as_ref();
+        let path = self.join(name);
+        for _ in 0..2 {
+            match self.dir_plain(name) {
+                Ok(Some(d)) => {
+                    d.check_owner()?;
+                    return Ok(Some(d));
+                }
+                Ok(None) => {
+                    if !create {
+                        return Ok(None);
+                    }
+                    match nt_open(
+                        self.fd(),
+                        name,
+                        DIR_ACCESS,
+                        FILE_CREATE,
+                        FILE_DIRECTORY_FILE,
+                    ) {
+                        Ok(_) => {}
+                        Err(s) if s == STATUS_OBJECT_NAME_COLLISION => {}
+                        Err(s) => return Err(Error::io("create", &path, nt_error(s))),
+                    }
+                }
+                Err(Entry::Io(e)) => return Err(Error::io("open", &path, e)),
+                Err(_) => {
+                    return Err(not_a(
+                        &path,
+                        "a directory",
+                        found(self.stat_at(name)?.as_ref()),
+                    ));
+                }
+            }
+        }
+        Err(Error::io(
+            "open",
+            &path,
+            std::io::Error::other("it keeps disappearing right after it is created"),
+        ))
+    }
+
+    /// Opens subdirectory `name` without following a link and without the
+    /// ownership check: `None` when absent, `Err(kind)` when something else
+    /// is there.
+    pub(crate) fn dir_plain(&self, name: &OsStr) -> std::result::Result<Option<Self>, Entry> {
+        let handle = match nt_open(
+            self.fd(),
+            name,
+            DIR_ACCESS,
+            FILE_OPEN,
+            FILE_DIRECTORY_FILE | FILE_OPEN_FOR_BACKUP_INTENT,
+        ) {
+            Ok(h) => h,
+            Err(s) if absent(s) => return Ok(None),
+            Err(s) if s == STATUS_NOT_A_DIRECTORY => return Err(Entry::NotADirectory),
+            Err(s) => return Err(Entry::Io(nt_error(s))),
+        };
+        let st = Stat::of(handle.as_handle()).map_err(Entry::Io)?;
+        if !st.is_dir() {
+            return Err(Entry::NotADirectory);
+        }
+        Ok(Some(Self {
+            handle,
+            path: self.join(name),
+        }))
+    }
+
+    /// Opens file `name` without following a link; it must be a regular
+    /// file. `None` when absent (and not created).
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`] for a link or a special file; [`Error::Io`].
+    pub fn file(&self, name: impl AsRef<OsStr>, how: Open) -> Result<Option<File>> {
+        Ok(self.file_sized(name.as_ref(), how)?.map(|(f, _)| f))
+    }
+
+    fn file_sized(&self, name: &OsStr, how: Open) -> Result<Option<(File, u64)>> {
+        let path = self.join(name);
+        match self.file_plain(name, how) {
+            Ok(f) => Ok(f),
+            Err(Entry::NotAFile(what)) => Err(not_a(&path, "a regular file", what)),
+            Err(Entry::NotADirectory) => Err(not_a(&path, "a regular file", "a link")),
+            Err(Entry::Io(e)) => Err(Error::io("open", &path, e)),
+        }
+    }
+
+    /// [`Dir::file`], telling what is there instead of failing on it.
+    pub(crate) fn file_plain(
+        &self,
+        name: &OsStr,
+        how: Open,
+    ) -> std::result::Result<Option<(File, u64)>, Entry> {
+        let (access, disposition) = match how {
+            Open::Read => (FILE_GENERIC_READ, FILE_OPEN),
+            Open::ReadWriteCreate => (FILE_GENERIC_READ | FILE_GENERIC_WRITE, FILE_OPEN_IF),
+            // No FILE_WRITE_DATA: every write goes to the end of the file.
+            Open::AppendCreate => (
+                FILE_GENERIC_READ | FILE_APPEND_DATA | FILE_WRITE_ATTRIBUTES | SYNCHRONIZE,
+                FILE_OPEN_IF,
+            ),
+        };
+        let handle = match nt_open(
+            self.fd(),
+            name,
+            access,
+            disposition,
+            FILE_NON_DIRECTORY_FILE,
+        ) {
+            Ok(h) => h,
+            Err(s) if absent(s) && how == Open::Read => return Ok(None),
+            Err(s) if s == STATUS_FILE_IS_A_DIRECTORY => {
+                return Err(Entry::NotAFile(found(
+                    self.stat_at(name).ok().flatten().as_ref(),
+                )));
+            }
+            Err(s) => return Err(Entry::Io(nt_error(s))),
+        };
+        let st = Stat::of(handle.as_handle()).map_err(Entry::Io)?;
+        if !st.is_file() {
+            return Err(Entry::NotAFile(st.kind()));
+        }
+        if how != Open::Read && st.links > 1 {
+            return Err(Entry::NotAFile("a file with other hard links"));
+        }
+        Ok(Some((File::from(handle), st.size)))
+    }
+
+    /// Always `None` on Windows: the caller looks step by step.
+    #[must_use]
+    pub fn file_beneath(&self, rel: &str) -> Option<(File, u64)> {
+        let _ = rel;
+        None
+    }
+
+    /// Reads file `name` whole, at most [`READ_LIMIT`] bytes; `None` when
+    /// absent.
+    ///
+    /// # Errors
+    /// As [`Dir::file`]; [`Error::Untrusted`] when it is larger than the limit.
+    pub fn read_small(&self, name: impl AsRef<OsStr>) -> Result<Option<Vec<u8>>> {
+        let name = name.as_ref();
+        let Some((file, len)) = self.file_sized(name, Open::Read)? else {
+            return Ok(None);
+        };
+        let bytes = read_bounded(file, len, READ_LIMIT + 1)
+            .map_err(|e| Error::io("read", self.join(name), e))?;
+        if bytes.len() > READ_LIMIT {
+            return Err(untrusted(
+                &self.join(name),
+                format!("it is larger than {READ_LIMIT} bytes, which no file of the tool ever is"),
+                format!(
+                    "remove it (Remove-Item {})",
+                    ps_quote(&self.join(name).display().to_string())
+                ),
+            ));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Creates file `name` holding `bytes`; `false` when something is
+    /// already there (it is left alone).
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn create_new(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<bool> {
+        let name = name.as_ref();
+        let path = self.join(name);
+        let handle = match nt_open(
+            self.fd(),
+            name,
+            FILE_GENERIC_WRITE,
+            FILE_CREATE,
+            FILE_NON_DIRECTORY_FILE,
+        ) {
+            Ok(h) => h,
+            Err(s) if s == STATUS_OBJECT_NAME_COLLISION => return Ok(false),
+            Err(s) => return Err(Error::io("create", &path, nt_error(s))),
+        };
+        File::from(handle)
+            .write_all(bytes)
+            .map_err(|e| Error::io("write", &path, e))?;
+        Ok(true)
+    }
+
+    /// Replaces file `name` with one holding `bytes`: written whole to
+    /// `tmp` (closed), then renamed over `name`, so a reader sees the old
+    /// file or the new one.
+    ///
+    /// # Errors
+    /// [`Error::Io`]; [`Error::Untrusted`] when a directory stands at `tmp`.
+    pub fn replace(&self, tmp: &str, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<()> {
+        self.remove_file(tmp)?;
+        if !self.create_new(tmp, bytes)? {
+            return Err(Error::io(
+                "create",
+                self.join(tmp),
+                std::io::Error::other("another process created it at the same moment"),
+            ));
+        }
+        self.rename(tmp, self, name.as_ref(), false)
+            .map_err(|e| Error::io("rename", self.join(name.as_ref()), e))
+    }
+
+    /// Deletes entry `name` if it is not a directory (a link is removed
+    /// itself, never followed); absent is fine.
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`] when it is a directory; [`Error::Io`].
+    pub fn remove_file(&self, name: &str) -> Result<()> {
+        let path = self.join(name);
+        let handle = match nt_open(
+            self.fd(),
+            OsStr::new(name),
+            DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
+            FILE_OPEN,
+            0,
+        ) {
+            Ok(h) => h,
+            Err(s) if absent(s) => return Ok(()),
+            Err(s) => return Err(Error::io("remove", &path, nt_error(s))),
+        };
+        let st = Stat::of(handle.as_handle()).map_err(|e| Error::io("stat", &path, e))?;
+        if st.is_dir() {
+            return Err(not_a(&path, "a regular file", st.kind()));
+        }
+        retry_sharing(|| delete_handle(handle.as_handle()))
+            .map_err(|e| Error::io("remove", &path, e))
+    }
+
+    /// Renames entry `from` of this directory to `to` in `dest` (a link is
+    /// moved itself). `noreplace`: fail with `AlreadyExists` rather than
+    /// replace an entry at `to` (NTFS never renames over a directory, nor
+    /// over anything when not asked to replace).
+    ///
+    /// # Errors
+    /// The OS error.
+    pub fn rename(
+        &self,
+        from: &str,
+        dest: &Dir,
+        to: &OsStr,
+        noreplace: bool,
+    ) -> std::io::Result<()> {
+        let to_wide = component(to).ok_or_else(|| std::io::Error::from(ErrorKind::InvalidInput))?;
+        retry_sharing(|| {
+            let handle = nt_open(
+                self.fd(),
+                OsStr::new(from),
+                DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
+                FILE_OPEN,
+                0,
+            )
+            .map_err(|s| {
+                if absent(s) {
+                    ErrorKind::NotFound.into()
+                } else {
+                    nt_error(s)
+                }
+            })?;
+            rename_handle(handle.as_handle(), dest.fd(), &to_wide, !noreplace)
+        })
+    }
+
+    /// The names of the entries of this directory (not `.` and `..`).
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn names(&self) -> Result<Vec<OsString>> {
+        let mut buf = vec![0u64; 8 * 1024];
+        let len = u32::try_from(buf.len() * 8).unwrap_or(u32::MAX);
+        let mut out = Vec::new();
+        let mut class = FileIdBothDirectoryRestartInfo;
+        loop {
+            // SAFETY: a valid handle and a buffer of `len` bytes, 8-aligned.
+            let ok = unsafe {
+                GetFileInformationByHandleEx(
+                    self.handle.as_raw_handle(),
+                    class,
+                    buf.as_mut_ptr().cast(),
+                    len,
+                )
+            };
+            if ok == 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(ERROR_NO_MORE_FILES) {
+                    return Ok(out);
+                }
+                return Err(Error::io("read", &self.path, e));
+            }
+            class = FileIdBothDirectoryInfo;
+            let base: *const u8 = buf.as_ptr().cast();
+            let mut off = 0usize;
+            loop {
+                // SAFETY: the entries the call wrote lie inside buf, each at
+                // an 8-aligned offset (NextEntryOffset).
+                #[allow(
+                    clippy::cast_ptr_alignment,
+                    reason = "buf is 8-aligned and every NextEntryOffset is a multiple of 8"
+                )]
+                let entry = unsafe { &*base.add(off).cast::<FILE_ID_BOTH_DIR_INFO>() };
+                let chars = usize::try_from(entry.FileNameLength).unwrap_or(0) / 2;
+                // SAFETY: FileNameLength bytes of name follow in the buffer.
+                let name = unsafe { std::slice::from_raw_parts(entry.FileName.as_ptr(), chars) };
+                let name = OsString::from_wide(name);
+                if name != "." && name != ".." {
+                    out.push(name);
+                }
+                if entry.NextEntryOffset == 0 {
+                    break;
+                }
+                off += usize::try_from(entry.NextEntryOffset).unwrap_or(usize::MAX / 2);
+                if off >= buf.len() * 8 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Removes entry `name` and, if it is a directory, everything in it,
+    /// walking handles without following links and never leaving this
+    /// directory's volume (a junction or mount point inside is removed
+    /// itself, not what it leads to). Best effort.
+    pub fn remove_tree(&self, name: &OsStr) {
+        let Ok(volume) = self.stat().map(|s| s.volume) else {
+            return;
+        };
+        self.remove_tree_on(name, volume, 0);
+    }
+
+    fn remove_tree_on(&self, name: &OsStr, volume: u32, depth: u32) {
+        match self.dir_plain(name) {
+            Ok(Some(sub)) if depth < 64 => {
+                if sub.stat().is_ok_and(|s| s.volume == volume) {
+                    for child in sub.names().unwrap_or_default() {
+                        sub.remove_tree_on(&child, volume, depth + 1);
+                    }
+                    drop(sub);
+                    self.delete_entry(name, FILE_DIRECTORY_FILE);
+                }
+            }
+            Ok(Some(_) | None) => {}
+            Err(_) => self.delete_entry(name, 0),
+        }
+    }
+
+    fn delete_entry(&self, name: &OsStr, options: u32) {
+        if let Ok(h) = nt_open(
+            self.fd(),
+            name,
+            DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
+            FILE_OPEN,
+            options,
+        ) {
+            let _ = retry_sharing(|| delete_handle(h.as_handle()));
+        }
+    }
+
+    /// Is entry `name` still the directory `held` (same volume and file id,
+    /// links not followed)?
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn still_is(&self, name: &OsStr, held: &Dir) -> Result<bool> {
+        let held = held.stat()?;
+        Ok(self
+            .stat_at(name)?
+            .is_some_and(|st| st.volume == held.volume && st.index == held.index && held.links > 0))
+    }
+}
+
+/// Renames the entry open at `h` to `to` in directory `dest`: POSIX
+/// semantics where the file system has them (a replaced file may still be
+/// open elsewhere), else the classic rename.
+fn rename_handle(
+    h: BorrowedHandle<'_>,
+    dest: BorrowedHandle<'_>,
+    to: &[u16],
+    replace: bool,
+) -> std::io::Result<()> {
+    let head = std::mem::offset_of!(FILE_RENAME_INFORMATION, FileName);
+    let size = head + to.len() * 2;
+    let mut buf = vec![0u64; (size + 2).div_ceil(8)];
+    let info = buf.as_mut_ptr().cast::<FILE_RENAME_INFORMATION>();
+    let replace_flag = if replace {
+        FILE_RENAME_REPLACE_IF_EXISTS
+    } else {
+        0
+    };
+    // SAFETY: buf is large enough and 8-aligned for the header and the name.
+    unsafe {
+        (*info).Anonymous.Flags = replace_flag | FILE_RENAME_POSIX_SEMANTICS;
+        (*info).RootDirectory = dest.as_raw_handle();
+        (*info).FileNameLength = u32::try_from(to.len() * 2).unwrap_or(0);
+        std::ptr::copy_nonoverlapping(to.as_ptr(), (&raw mut (*info).FileName).cast(), to.len());
+    }
+    let mut status = set_information(h, info.cast_const().cast(), size, FileRenameInformationEx);
+    if unsupported(status) {
+        // The classic class: a BOOLEAN ReplaceIfExists in the first byte.
+        // SAFETY: as above.
+        unsafe { (*info).Anonymous.Flags = replace_flag };
+        status = set_information(h, info.cast_const().cast(), size, FileRenameInformation);
+    }
+    if status < 0 {
+        return Err(nt_error(status));
+    }
+    Ok(())
+}
+
+/// Positional reads and writes (`pread`/`pwrite` on Unix): `seek_read` and
+/// `seek_write`, looped until done. (They move the handle's position,
+/// which no caller relies on.)
+pub trait FileExt {
+    /// Reads into `buf` at `offset`; the count read.
+    ///
+    /// # Errors
+    /// The OS error.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize>;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    ///
+    /// # Errors
+    /// The OS error; `UnexpectedEof` when the file is shorter.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    ///
+    /// # Errors
+    /// The OS error.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl FileExt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        std::os::windows::fs::FileExt::seek_read(self, buf, offset)
+    }
+
+    fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            match self.read_at(buf, offset) {
+                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            match std::os::windows::fs::FileExt::seek_write(self, buf, offset) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    buf = &buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kind of network file system the open directory `dir` is on, if any
+/// (`FileRemoteProtocolInfo` answers only for a remote file).
+#[must_use]
+pub fn remote_protocol(dir: BorrowedHandle<'_>) -> Option<&'static str> {
+    use windows_sys::Win32::Storage::FileSystem::{
+        FILE_REMOTE_PROTOCOL_INFO, FileRemoteProtocolInfo,
+    };
+    // SAFETY: zeroed plain data the call fills in.
+    let mut info: FILE_REMOTE_PROTOCOL_INFO = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid handle and a buffer of the class's size.
+    let ok = unsafe {
+        GetFileInformationByHandleEx(
+            dir.as_raw_handle(),
+            FileRemoteProtocolInfo,
+            (&raw mut info).cast(),
+            u32::try_from(std::mem::size_of::<FILE_REMOTE_PROTOCOL_INFO>()).unwrap_or(0),
+        )
+    };
+    if ok == 0 {
+        return None;
+    }
+    // WNNC_NET_SMB is 0x0002_0000; anything else remote is named generally.
+    Some(if info.Protocol == 0x0002_0000 {
+        "smb"
+    } else {
+        "a network file system"
+    })
+}
