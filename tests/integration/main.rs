@@ -3,6 +3,9 @@
 //! runs what `cargo test --test cli` ran. `harness` is the shared world:
 //! temporary repos, the real binary, and a harness that speaks in verbs.
 
+// The suite drives POSIX shells, signals and /proc: Unix only (Windows runs
+// the unit tests and the release workflow's smoke sequence).
+#![cfg(unix)]
 // Test code may unwrap, read the environment and the clock, and skip pedantry.
 #![allow(
     clippy::pedantic,

@@ -503,6 +503,7 @@ mod tests {
     use super::*;
     use crate::engine::{self, Acquire, AcquireRequest, Context};
     use proptest::prelude::*;
+    #[cfg(unix)]
     use std::ffi::CString;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -640,7 +641,8 @@ mod tests {
 
     /// `list` reads each record in one lookup where it can; it must judge
     /// every shape of lock, healthy or damaged, exactly as the two-step
-    /// reader that `status` uses.
+    /// reader that `status` uses. (Unix: it plants a link and a FIFO.)
+    #[cfg(unix)]
     #[test]
     fn list_judges_every_shape_of_lock_as_status_does() {
         use std::os::unix::fs::symlink;
