@@ -306,6 +306,45 @@ fn job_empty_within(job: &Job, limit: Duration) -> bool {
     }
 }
 
+/// Takes in one renewal's answer; `true` when the lease is lost (another
+/// holder, or released by someone else) and the job must be stopped.
+fn renewal_lost(
+    renewer: &mut Renewer,
+    renewals: &mut u64,
+    began: Duration,
+    result: Result<Renew>,
+) -> bool {
+    match result {
+        Ok(Renew::Renewed { .. }) => {
+            renewer.confirmed(began);
+            *renewals += 1;
+            false
+        }
+        Ok(Renew::NotOwner { holder, .. }) => {
+            eprintln!(
+                "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
+                holder.host, holder.owner_pid, holder.fence
+            );
+            true
+        }
+        Ok(Renew::NotHeld { .. }) => {
+            eprintln!(
+                "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
+            );
+            true
+        }
+        Err(e) => {
+            let left = renewer.confirmed_end().saturating_sub(lease_clock());
+            eprintln!(
+                "skill-lock run: renewal failed ({e}); retrying; the lease ends in {} ms",
+                left.as_millis()
+            );
+            renewer.failed(lease_clock());
+            false
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn supervise<S: Store + Clone + Send + 'static>(
     store: &S,
@@ -342,33 +381,11 @@ fn supervise<S: Store + Clone + Send + 'static>(
         match rx.recv_timeout(renewer.sleep(now)) {
             Ok(Event::Signal(sig)) => last_event = Some(sig),
             Ok(Event::Exited(status)) => break (status.ok(), false),
-            Ok(Event::Renewal { began, result }) => match result {
-                Ok(Renew::Renewed { .. }) => {
-                    renewer.confirmed(began);
-                    renewals += 1;
-                }
-                Ok(Renew::NotOwner { holder, .. }) => {
-                    eprintln!(
-                        "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
-                        holder.host, holder.owner_pid, holder.fence
-                    );
+            Ok(Event::Renewal { began, result }) => {
+                if renewal_lost(&mut renewer, &mut renewals, began, result) {
                     break (None, true);
                 }
-                Ok(Renew::NotHeld { .. }) => {
-                    eprintln!(
-                        "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
-                    );
-                    break (None, true);
-                }
-                Err(e) => {
-                    let left = renewer.confirmed_end().saturating_sub(lease_clock());
-                    eprintln!(
-                        "skill-lock run: renewal failed ({e}); retrying; the lease ends in {} ms",
-                        left.as_millis()
-                    );
-                    renewer.failed(lease_clock());
-                }
-            },
+            }
             Err(_) => {}
         }
     };

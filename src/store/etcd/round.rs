@@ -512,6 +512,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines, reason = "one test, every plan it checks")]
     fn plans_guard_each_change_on_the_revision_it_saw() {
         use proto::compare::TargetUnion::{CreateRevision, ModRevision};
         use proto::request_op::Request;
