@@ -49,38 +49,9 @@ const STATUS_CONTROL_C_EXIT: u32 = 0xC000_013A;
 /// The exit code the job's processes get when `run` stops them.
 const STOPPED_CODE: u32 = 128 + 15;
 
-/// How a wrapped command ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ran {
-    /// The status `run` exits with: CMD's code, or 128+signal.
-    pub exit_status: u8,
-    /// The signal (console event) that ended CMD, if any.
-    pub signal: Option<i32>,
-    /// The lease was lost or about to run out unconfirmed: the job was stopped.
-    pub lost: bool,
-    /// Successful renewals.
-    pub renewals: u64,
-    /// The lock was released at the end (false when it had been lost).
-    pub released: bool,
-}
-
-/// What a `run` invocation came to.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum Outcome {
-    /// The lock was not acquired (`already_running`): CMD did not run.
-    NotAcquired(Acquire),
-    /// A console event came before CMD started: nothing acquired (or what
-    /// was acquired is released again), nothing run.
-    Interrupted(libc::c_int),
-    /// CMD ran under the lock with this fence.
-    Ran {
-        /// Fencing number of the acquisition.
-        fence: u64,
-        /// How it ended.
-        ran: Ran,
-    },
-}
+#[path = "outcome.rs"]
+mod outcome;
+pub use outcome::{Outcome, Ran};
 
 /// Installs the console event handler; call before any other thread starts.
 pub fn prepare() {

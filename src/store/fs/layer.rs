@@ -20,9 +20,7 @@
 //!   a handle below P/run, so no link can lead a write outside it; a tree is
 //!   removed only by walking handles, never leaving the device it is on.
 
-#[cfg(unix)]
-use std::ffi::OsStr;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 #[cfg(unix)]
 use std::io::Write;
@@ -45,6 +43,38 @@ mod windows;
 pub use windows::{Dir, FileExt, SHARING_RETRY, Stat, remote_protocol};
 #[cfg(windows)]
 use windows::{found, not_a};
+
+/// What both platforms' handles build from their primitives
+/// (`file_sized`, `remove_file`, `create_new`, `rename`), written once.
+impl Dir {
+    /// Opens file `name` without following a link and without blocking; it
+    /// must be a regular file. `None` when absent (and not created).
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`] for a link or a special file; [`Error::Io`].
+    pub fn file(&self, name: impl AsRef<OsStr>, how: Open) -> Result<Option<File>> {
+        Ok(self.file_sized(name.as_ref(), how)?.map(|(f, _)| f))
+    }
+
+    /// Replaces file `name` with one holding `bytes`: written whole to `tmp`
+    /// (whatever was at `tmp` is unlinked first, never followed), then
+    /// renamed over `name`, so a reader sees the old file or the new one.
+    ///
+    /// # Errors
+    /// [`Error::Io`]; [`Error::Untrusted`] when a directory stands at `tmp`.
+    pub fn replace(&self, tmp: &str, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<()> {
+        self.remove_file(tmp)?;
+        if !self.create_new(tmp, bytes)? {
+            return Err(Error::io(
+                "create",
+                self.join(tmp),
+                std::io::Error::other("another process created it at the same moment"),
+            ));
+        }
+        self.rename(tmp, self, name.as_ref(), false)
+            .map_err(|e| Error::io("rename", self.join(name.as_ref()), e))
+    }
+}
 
 /// The most bytes read from any file of the layer (a record, a counter, the
 /// config): a planted endless or huge file costs one bounded read.
@@ -323,15 +353,6 @@ impl Dir {
         }
     }
 
-    /// Opens file `name` without following a link and without blocking; it
-    /// must be a regular file. `None` when absent (and not created).
-    ///
-    /// # Errors
-    /// [`Error::Untrusted`] for a link or a special file; [`Error::Io`].
-    pub fn file(&self, name: impl AsRef<OsStr>, how: Open) -> Result<Option<File>> {
-        Ok(self.file_sized(name.as_ref(), how)?.map(|(f, _)| f))
-    }
-
     /// [`Dir::file`], with the file's size (from the same `fstat`).
     fn file_sized(&self, name: &OsStr, how: Open) -> Result<Option<(File, u64)>> {
         let path = self.join(name);
@@ -460,25 +481,6 @@ impl Dir {
             .write_all(bytes)
             .map_err(|e| Error::io("write", &path, e))?;
         Ok(true)
-    }
-
-    /// Replaces file `name` with one holding `bytes`: written whole to `tmp`
-    /// (whatever was at `tmp` is unlinked first, never followed), then
-    /// renamed over `name`, so a reader sees the old file or the new one.
-    ///
-    /// # Errors
-    /// [`Error::Io`]; [`Error::Untrusted`] when a directory stands at `tmp`.
-    pub fn replace(&self, tmp: &str, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<()> {
-        self.remove_file(tmp)?;
-        if !self.create_new(tmp, bytes)? {
-            return Err(Error::io(
-                "create",
-                self.join(tmp),
-                std::io::Error::other("another process created it at the same moment"),
-            ));
-        }
-        self.rename(tmp, self, name.as_ref(), false)
-            .map_err(|e| Error::io("rename", self.join(name.as_ref()), e))
     }
 
     /// Unlinks entry `name` if it is not a directory (a link is removed

@@ -357,16 +357,7 @@ impl Dir {
         }))
     }
 
-    /// Opens file `name` without following a link; it must be a regular
-    /// file. `None` when absent (and not created).
-    ///
-    /// # Errors
-    /// [`Error::Untrusted`] for a link or a special file; [`Error::Io`].
-    pub fn file(&self, name: impl AsRef<OsStr>, how: Open) -> Result<Option<File>> {
-        Ok(self.file_sized(name.as_ref(), how)?.map(|(f, _)| f))
-    }
-
-    fn file_sized(&self, name: &OsStr, how: Open) -> Result<Option<(File, u64)>> {
+    pub(super) fn file_sized(&self, name: &OsStr, how: Open) -> Result<Option<(File, u64)>> {
         let path = self.join(name);
         match self.file_plain(name, how) {
             Ok(f) => Ok(f),
@@ -472,25 +463,6 @@ impl Dir {
             .write_all(bytes)
             .map_err(|e| Error::io("write", &path, e))?;
         Ok(true)
-    }
-
-    /// Replaces file `name` with one holding `bytes`: written whole to
-    /// `tmp` (closed), then renamed over `name`, so a reader sees the old
-    /// file or the new one.
-    ///
-    /// # Errors
-    /// [`Error::Io`]; [`Error::Untrusted`] when a directory stands at `tmp`.
-    pub fn replace(&self, tmp: &str, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<()> {
-        self.remove_file(tmp)?;
-        if !self.create_new(tmp, bytes)? {
-            return Err(Error::io(
-                "create",
-                self.join(tmp),
-                std::io::Error::other("another process created it at the same moment"),
-            ));
-        }
-        self.rename(tmp, self, name.as_ref(), false)
-            .map_err(|e| Error::io("rename", self.join(name.as_ref()), e))
     }
 
     /// Deletes entry `name` if it is not a directory (a link is removed
