@@ -486,12 +486,7 @@ fn on_renewal(
             Some(End::Lost(exited))
         }
         Err(e) => {
-            let left = renewer.confirmed_end().saturating_sub(lease_clock());
-            eprintln!(
-                "skill-lock run: renewal failed ({e}); retrying; the lease ends in {} ms",
-                left.as_millis()
-            );
-            renewer.failed(lease_clock());
+            renewer.report_failure(&e);
             None
         }
     }

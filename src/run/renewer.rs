@@ -3,6 +3,7 @@
 //! next renewal is due, and the moment to start stopping CMD's processes,
 //! a margin before that end, so that the last of them is gone before it.
 
+use crate::clock::lease_clock;
 use std::time::Duration;
 
 /// How long before the confirmed lease end `run` starts stopping the
@@ -104,6 +105,17 @@ impl Renewer {
         self.in_flight = false;
         let retry = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         self.next = now + retry;
+    }
+
+    /// A renewal failed with `why`: says so on stderr, with what is left of
+    /// the confirmed lease, and retries soon (both platforms' `run`).
+    pub fn report_failure(&mut self, why: &impl std::fmt::Display) {
+        let now = lease_clock();
+        eprintln!(
+            "skill-lock run: renewal failed ({why}); retrying; the lease ends in {} ms",
+            self.confirmed_end().saturating_sub(now).as_millis()
+        );
+        self.failed(now);
     }
 
     /// How long to sleep from `now` before something is due (at most

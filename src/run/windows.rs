@@ -305,12 +305,7 @@ fn renewal_lost(
             true
         }
         Err(e) => {
-            let left = renewer.confirmed_end().saturating_sub(lease_clock());
-            eprintln!(
-                "skill-lock run: renewal failed ({e}); retrying; the lease ends in {} ms",
-                left.as_millis()
-            );
-            renewer.failed(lease_clock());
+            renewer.report_failure(&e);
             false
         }
     }
