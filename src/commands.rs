@@ -58,6 +58,23 @@ fn about(store: &AnyStore, key: &LockKey) -> About {
     About::new(key, store)
 }
 
+/// Refuses while an older version's lock on `key` is held in one of the
+/// working-tree layers it used (SPEC §5; docs/contract.md "Upgrading"):
+/// read-only, through the layer handle, judged as any file-store lock.
+fn refuse_legacy_held(settings: &Settings, key: &LockKey) -> Result<()> {
+    for location in &settings.store.legacy {
+        let old = crate::store::fs::FileStore::at(location.clone());
+        if let engine::State::Held { holder, .. } = engine::status(&old, key, &context(settings))? {
+            return Err(crate::error::Error::LegacyHeld {
+                path: std::path::PathBuf::from(old.location(key)),
+                expires: holder.expires.to_string(),
+                host: holder.host.escape_default().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn acquire(
     settings: &Settings,
     store: &AnyStore,
@@ -65,6 +82,7 @@ fn acquire(
     req: &AcquireRequest,
     wait: Option<Duration>,
 ) -> Result<Report> {
+    refuse_legacy_held(settings, key)?;
     let outcome = crate::wait::acquire_waiting(store, key, req, wait, &settings.clock)?;
     Ok(Report::acquire(outcome, about(store, key), || {
         crate::hint::release_force(key, settings)
@@ -81,6 +99,7 @@ fn run(
 ) -> Result<Report> {
     // Found before the lock is touched: a command that cannot start takes no lock.
     let program = crate::run::resolve(cmd, settings.env.path.as_deref())?;
+    refuse_legacy_held(settings, key)?;
     Ok(
         match crate::run::execute(
             store,
@@ -130,7 +149,15 @@ fn status(settings: &Settings, store: &AnyStore, key: &LockKey) -> Result<Report
 }
 
 fn list(settings: &Settings, store: &AnyStore) -> Result<ExitStatus> {
-    crate::output::print_list(store, &context(settings))
+    let legacy: Vec<_> = settings
+        .store
+        .legacy
+        .iter()
+        .map(|l| crate::store::fs::FileStore::at(l.clone()))
+        .collect();
+    let ctx = context(settings);
+    let legacy = crate::output::legacy_entries(&legacy, &ctx)?;
+    crate::output::print_list(store, &legacy, &ctx)
 }
 
 fn check(settings: &Settings, store: &AnyStore, key: &LockKey, token: &str) -> Result<Report> {

@@ -267,6 +267,10 @@ pub struct StoreChoice {
     pub url: Option<String>,
     /// The project root, when one was resolved.
     pub root: Option<PathBuf>,
+    /// File-store layers where an older version kept this project's locks
+    /// (see [`layer::Layer::working`]); `acquire` and `run` refuse while a
+    /// lock there is held, and `list` shows them.
+    pub legacy: Vec<Location>,
 }
 
 impl StoreChoice {
@@ -329,6 +333,7 @@ fn from_url(
         source,
         url: Some(url.to_owned()),
         root,
+        legacy: Vec::new(),
     })
 }
 
@@ -395,38 +400,94 @@ pub fn choose_store(
     }
     let root = root::discover(root_flag, cwd)?;
     let layer = layer::resolve(&root)?;
+    refuse_planted_config(&layer)?;
     let location = Location::new(&layer.anchor, layer.below);
-    let cfg = layer.dir.join(CONFIG_FILE);
-    // Read through the layer handle: no link followed, no FIFO waited on,
-    // at most 64 KiB; P must be the user's own (SPEC §5 "Trust").
-    let body = match location.open_p(false)? {
-        Some(p) => p.read_small(CONFIG_FILE)?,
-        None => None,
-    };
-    if let Some(body) = body {
-        let body = String::from_utf8(body).map_err(|_| {
-            Error::Usage(format!("{} is not UTF-8; fix or remove it", cfg.display()))
-        })?;
-        let parsed: ConfigFile = toml::from_str(&body).map_err(|e| {
-            Error::Usage(format!(
-                "{} is not valid: {e}; fix or remove it",
-                cfg.display()
-            ))
-        })?;
-        if let Some(url) = parsed.store {
-            return from_url(
-                &url,
-                &root.clone(),
-                StoreSource::ConfigFile,
-                Some(root),
-                &env.vars,
-            );
-        }
+    let legacy = legacy_layers(&layer);
+    if let Some(url) = read_config(&layer, &location)? {
+        let mut choice = from_url(
+            &url,
+            &root.clone(),
+            StoreSource::ConfigFile,
+            Some(root),
+            &env.vars,
+        )?;
+        choice.legacy = legacy;
+        return Ok(choice);
     }
     Ok(StoreChoice {
         spec: StoreSpec::File(location),
         source: StoreSource::Default,
         url: None,
         root: Some(root),
+        legacy,
     })
+}
+
+/// A `skill-lock.toml` in a working tree's `.apache-magpie-local/` (where
+/// earlier versions read it, and where any repository can commit one) is
+/// never used: finding one, with no `--store` and no `SKILL_LOCK_STORE`, is
+/// a `usage` error naming it and the place to use instead (SPEC §5).
+/// Only its presence is looked at (no link followed, nothing read).
+fn refuse_planted_config(layer: &layer::Layer) -> Result<()> {
+    let Some(found) = layer
+        .working
+        .iter()
+        .map(|d| d.join(CONFIG_FILE))
+        .find(|f| std::fs::symlink_metadata(f).is_ok())
+    else {
+        return Ok(());
+    };
+    let instead = if layer.config_allowed {
+        format!(
+            "put the store setting in {} (a place no clone can write), or",
+            layer.dir.join(CONFIG_FILE).display()
+        )
+    } else {
+        "here no configuration file is read:".to_owned()
+    };
+    Err(Error::Usage(format!(
+        "{} is not used: a repository can commit it, and nothing a repository carries \
+         configures skill-lock; {instead} pass --store URL or set SKILL_LOCK_STORE; \
+         then delete {}",
+        found.display(),
+        found.display()
+    )))
+}
+
+/// The store URL of `P/skill-lock.toml`, read only where the layer may hold
+/// the configuration (SPEC §5): through the layer handle (no link followed,
+/// no FIFO waited on, at most 64 KiB), from a P that is the user's own.
+fn read_config(layer: &layer::Layer, location: &Location) -> Result<Option<String>> {
+    if !layer.config_allowed {
+        return Ok(None);
+    }
+    let cfg = layer.dir.join(CONFIG_FILE);
+    let Some(body) = (match location.open_p(false)? {
+        Some(p) => p.read_small(CONFIG_FILE)?,
+        None => None,
+    }) else {
+        return Ok(None);
+    };
+    let body = String::from_utf8(body)
+        .map_err(|_| Error::Usage(format!("{} is not UTF-8; fix or remove it", cfg.display())))?;
+    let parsed: ConfigFile = toml::from_str(&body).map_err(|e| {
+        Error::Usage(format!(
+            "{} is not valid: {e}; fix or remove it",
+            cfg.display()
+        ))
+    })?;
+    Ok(parsed.store)
+}
+
+/// The file-store layers where earlier versions kept this checkout's locks
+/// (`.apache-magpie-local/` of its working trees), other than P itself:
+/// a lock an older version still holds there must not be ignored.
+fn legacy_layers(layer: &layer::Layer) -> Vec<Location> {
+    layer
+        .working
+        .iter()
+        .filter(|d| **d != layer.dir)
+        .filter(|d| std::fs::symlink_metadata(d.join("run")).is_ok())
+        .filter_map(|d| Some(Location::new(d.parent()?, &[layer::LOCAL_DIR])))
+        .collect()
 }

@@ -192,6 +192,7 @@ mod tests {
                     source,
                     url: Some(url.to_owned()),
                     root: None,
+                    legacy: Vec::new(),
                 },
                 clock: crate::engine::Clock::System,
                 env: Environment {

@@ -1,29 +1,41 @@
 //! Personal layer (SPEC §5 "Personal layer P"): where a project keeps what is
 //! the user's own and never committed.
 //!
-//! 1. an adopted project (R holds `.apache-magpie.lock`): `M/.apache-magpie-local/`,
-//!    M being the main working tree, so every worktree of one clone shares it;
-//! 2. a git checkout: `<git-common-dir>/apache-magpie/`;
-//! 3. an svn checkout: `R/.svn/apache-magpie/`;
-//! 4. any other folder given as `--root`: `R/.apache-magpie-local/`.
+//! 1. R is in a git checkout, adopted or not, whatever its layout (linked
+//!    worktree, separate git directory, worktrees of a bare repository,
+//!    submodule): `<git-common-dir>/apache-magpie/`, so every worktree of one
+//!    clone shares the locks and no clone can carry or clean them;
+//! 2. an svn checkout: `R/.svn/apache-magpie/`;
+//! 3. anything else (an adopted folder that is no checkout, a plain
+//!    `--root`): `R/.apache-magpie-local/`.
 //!
-//! Linked worktrees are followed through their `.git` file (`gitdir:`) and the
-//! `commondir` file, reading files only.
+//! The git common directory is found through the `.git` file's `gitdir:`
+//! and the `commondir` file, reading files only. Root discovery
+//! ([`crate::root`]) has already made R the checkout itself when there is
+//! one, so only R is looked at here.
+//!
+//! The `.apache-magpie-local/` folders of a checkout's working trees are
+//! where earlier versions kept an adopted project's locks and configuration;
+//! they are named in [`Layer::working`] so that a lock an older version
+//! still holds there is never ignored, and a configuration file there (which
+//! any repository can commit) is never used.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+/// The folder, in a working tree, that earlier versions used as an adopted
+/// project's personal layer (and rule 3 still does).
+pub const LOCAL_DIR: &str = ".apache-magpie-local";
+
 /// Which rule of SPEC §5 chose the personal layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
-    /// Rule 1: an adopted project.
-    Adopted,
-    /// Rule 2: a git checkout.
+    /// Rule 1: a git checkout (adopted or not).
     Git,
-    /// Rule 3: an svn checkout.
+    /// Rule 2: an svn checkout.
     Svn,
-    /// Rule 4: a plain folder.
+    /// Rule 3: a folder that is no checkout.
     Plain,
 }
 
@@ -40,17 +52,16 @@ pub struct Layer {
     /// The names from the anchor down to P, each of which may lie in a
     /// working tree and is opened without following a link (SPEC §5 "Trust").
     pub below: &'static [&'static str],
-}
-
-impl Layer {
-    fn new(anchor: PathBuf, below: &'static [&'static str], kind: LayerKind) -> Self {
-        Self {
-            dir: below.iter().fold(anchor.clone(), |p, n| p.join(n)),
-            kind,
-            anchor,
-            below,
-        }
-    }
+    /// The `.apache-magpie-local/` folders of the checkout's working trees
+    /// (R's, and the main working tree's when R is a linked worktree), which
+    /// a repository can write: never read as configuration, and checked for
+    /// locks an older version left there. Under rule 3, P is one of them.
+    pub working: Vec<PathBuf>,
+    /// May P hold the configuration file? Only a layer inside a
+    /// version-control directory that no clone carries (rules 1 and 2,
+    /// and not a git directory lying inside an svn working copy, which svn
+    /// could have committed).
+    pub config_allowed: bool,
 }
 
 /// The git directories of a checkout: its own and the common one.
@@ -122,44 +133,64 @@ fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {
     Ok(Some(GitDirs { common }))
 }
 
-/// Resolves the personal layer of project root `root` (absolute).
+/// Resolves the personal layer of project root `root` (absolute, as
+/// [`crate::root::discover`] found it).
 ///
 /// # Errors
 /// [`Error::NoRoot`] for a `.git` file that leads nowhere; [`Error::Io`] when
 /// a git metadata file cannot be read.
 pub fn resolve(root: &Path) -> Result<Layer> {
-    let git = read_git_dirs(root)?;
-    if root.join(".apache-magpie.lock").exists() {
-        // The main working tree owns the common dir `<M>/.git`; for a bare or
-        // submodule common dir there is no main tree and R itself is used.
-        let main = git
-            .as_ref()
-            .filter(|g| g.common.file_name().is_some_and(|n| n == ".git"))
-            .and_then(|g| g.common.parent().map(Path::to_path_buf))
-            .unwrap_or_else(|| root.to_path_buf());
-        return Ok(Layer::new(
-            main,
-            &[".apache-magpie-local"],
-            LayerKind::Adopted,
-        ));
-    }
-    if let Some(g) = git {
-        return Ok(Layer::new(g.common, &["apache-magpie"], LayerKind::Git));
+    let mut working = vec![root.join(LOCAL_DIR)];
+    if let Some(g) = read_git_dirs(root)? {
+        // A linked worktree's main working tree `<M>/.git`: earlier versions
+        // kept an adopted project's locks in `<M>/.apache-magpie-local`.
+        if let Some(main) = g
+            .common
+            .file_name()
+            .filter(|n| *n == ".git")
+            .and(g.common.parent())
+            .filter(|m| *m != root)
+        {
+            working.push(main.join(LOCAL_DIR));
+        }
+        let config_allowed = !inside_svn(&g.common);
+        return Ok(Layer {
+            dir: g.common.join("apache-magpie"),
+            kind: LayerKind::Git,
+            anchor: g.common,
+            below: &["apache-magpie"],
+            working,
+            config_allowed,
+        });
     }
     // A link named .svn is no svn checkout (svn never makes one); the layer
     // handle refuses it rather than follow it.
-    if std::fs::symlink_metadata(root.join(".svn")).is_ok_and(|m| m.is_dir() || m.is_symlink()) {
-        return Ok(Layer::new(
-            root.to_path_buf(),
-            &[".svn", "apache-magpie"],
-            LayerKind::Svn,
-        ));
+    if std::fs::symlink_metadata(root.join(".svn")).is_ok() {
+        return Ok(Layer {
+            dir: root.join(".svn").join("apache-magpie"),
+            kind: LayerKind::Svn,
+            anchor: root.to_path_buf(),
+            below: &[".svn", "apache-magpie"],
+            working,
+            config_allowed: true,
+        });
     }
-    Ok(Layer::new(
-        root.to_path_buf(),
-        &[".apache-magpie-local"],
-        LayerKind::Plain,
-    ))
+    Ok(Layer {
+        dir: root.join(LOCAL_DIR),
+        kind: LayerKind::Plain,
+        anchor: root.to_path_buf(),
+        below: &[LOCAL_DIR],
+        working,
+        config_allowed: false,
+    })
+}
+
+/// Is `dir` inside an svn working copy (an ancestor holds `.svn`)? A git
+/// directory there may have been committed to svn by a stranger.
+fn inside_svn(dir: &Path) -> bool {
+    dir.ancestors()
+        .skip(1)
+        .any(|d| std::fs::symlink_metadata(d.join(".svn")).is_ok())
 }
 
 #[cfg(test)]
@@ -183,11 +214,16 @@ mod tests {
         .unwrap();
         assert_eq!(resolve(&wt).unwrap().dir, main.join(".git/apache-magpie"));
         assert_eq!(resolve(&main).unwrap().kind, LayerKind::Git);
+        // Adopted or not, the locks live in the git common directory.
         fs::write(wt.join(".apache-magpie.lock"), "").unwrap();
         let l = resolve(&wt).unwrap();
         assert_eq!(
-            (l.dir, l.kind),
-            (main.join(".apache-magpie-local"), LayerKind::Adopted)
+            (&l.dir, l.kind, l.config_allowed),
+            (&main.join(".git/apache-magpie"), LayerKind::Git, true)
+        );
+        assert_eq!(
+            l.working,
+            [wt.join(".apache-magpie-local"), main.join(".apache-magpie-local")]
         );
         fs::write(wt.join(".git"), "gitdir: /nowhere/at/all\n").unwrap();
         assert!(matches!(resolve(&wt), Err(Error::NoRoot(_))));

@@ -7,7 +7,9 @@
 //! no value is `null`. Each object knows its [`ExitStatus`], and the
 //! conversions from engine outcomes to objects live here, beside them. The
 //! `list` object is written entry by entry as the store hands the locks over
-//! ([`print_list`]), so its locks are never all in memory.
+//! ([`print_list`]), so its locks are never all in memory; after them come
+//! `tombstones` and, only when an older version's layout still holds some,
+//! `legacy`: the locks found in a working tree's `.apache-magpie-local/`.
 
 use std::io::{BufWriter, Write};
 
@@ -279,6 +281,33 @@ pub struct ListEntry {
     pub state: LockState,
     /// Where the lock is.
     pub lock: String,
+}
+
+impl From<Entry> for ListEntry {
+    fn from(judged: Entry) -> Self {
+        Self {
+            skill: judged.key.skill().to_owned(),
+            repo: judged.key.repo().to_owned(),
+            state: LockState::from(judged.state),
+            lock: judged.location,
+        }
+    }
+}
+
+/// The locks an older version left in working-tree layers (`list`'s
+/// `legacy`), judged at `ctx`: read first, so a failure prints nothing.
+///
+/// # Errors
+/// As [`engine::list`].
+pub fn legacy_entries(stores: &[impl Store], ctx: &Context) -> Result<Vec<ListEntry>, Error> {
+    let mut out = Vec::new();
+    for store in stores {
+        engine::list(store, ctx, &mut |judged| {
+            out.push(ListEntry::from(judged));
+            Ok(())
+        })?;
+    }
+    Ok(out)
 }
 
 /// `held` (check): the token holds a live lease.
@@ -637,12 +666,7 @@ impl<W: Write> ListWriter<W> {
 
     /// Writes one judged lock.
     fn entry(&mut self, judged: Entry) -> std::io::Result<()> {
-        let entry = ListEntry {
-            skill: judged.key.skill().to_owned(),
-            repo: judged.key.repo().to_owned(),
-            state: LockState::from(judged.state),
-            lock: judged.location,
-        };
+        let entry = ListEntry::from(judged);
         if !self.first {
             self.out.write_all(b",")?;
         }
@@ -651,8 +675,13 @@ impl<W: Write> ListWriter<W> {
         Ok(())
     }
 
-    fn finish(mut self, tombstones: usize) -> std::io::Result<W> {
-        writeln!(self.out, r#"],"tombstones":{tombstones}}}"#)?;
+    fn finish(mut self, tombstones: usize, legacy: &[ListEntry]) -> std::io::Result<W> {
+        write!(self.out, r#"],"tombstones":{tombstones}"#)?;
+        if !legacy.is_empty() {
+            self.out.write_all(br#","legacy":"#)?;
+            serde_json::to_writer(&mut self.out, legacy)?;
+        }
+        writeln!(self.out, "}}")?;
         self.out.flush()?;
         Ok(self.out)
     }
@@ -684,7 +713,11 @@ impl<W: Write> Write for Counted<W> {
 /// A store failure before any byte reached stdout (the caller prints the
 /// error object instead). A failure after that ends the broken line, puts the
 /// error object on stderr and returns [`ExitStatus::Error`].
-pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error> {
+pub fn print_list(
+    store: &impl Store,
+    legacy: &[ListEntry],
+    ctx: &Context,
+) -> Result<ExitStatus, Error> {
     let stdout = Counted {
         inner: stdout(),
         written: 0,
@@ -702,7 +735,7 @@ pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error
     });
     match visited {
         Ok(tombstones) => {
-            let _ = list.finish(tombstones);
+            let _ = list.finish(tombstones, legacy);
             Ok(ExitStatus::Success)
         }
         Err(_) if closed => Ok(ExitStatus::Success),

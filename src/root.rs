@@ -1,17 +1,25 @@
 //! Root discovery (SPEC §5 "Project root R").
 //!
-//! The nearest ancestor (itself included) holding `.git` (directory or file),
-//! `.svn` or `.apache-magpie.lock` of `--root DIR` (which must exist) when
-//! given, else of the current directory. `--root` at a folder below a
-//! checkout therefore names that checkout; only when neither DIR nor any
-//! ancestor holds a marker is DIR itself the root. Only file-system metadata
-//! is read: no `git` or `svn` process is ever started.
+//! R is found from `--root DIR` (which must exist) when given, else from the
+//! current directory, walking up. A version-control checkout wins over any
+//! marker below it, so a stranger's repository cannot split one lock in two
+//! by committing a marker or a `.svn/` folder in a subdirectory:
+//!
+//! 1. the nearest ancestor (itself included) holding `.git` (a directory or
+//!    a file), when there is one;
+//! 2. else the nearest holding `.svn`;
+//! 3. else the nearest holding `.apache-magpie.lock`;
+//! 4. else DIR itself, when `--root` was given; else `no_root`.
+//!
+//! Only file-system metadata is read: no `git` or `svn` process is ever
+//! started, and no link is followed to decide whether a marker is there.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-/// Names whose presence makes a directory a project root.
+/// Names whose presence makes a directory a project root, strongest first:
+/// a nearer weaker marker never hides a stronger one further up.
 pub const MARKERS: [&str; 3] = [".git", ".svn", ".apache-magpie.lock"];
 
 /// Finds the project root from an explicit `--root` or `cwd` upwards.
@@ -48,15 +56,14 @@ pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf> {
     })
 }
 
-/// The nearest of `dir` and its ancestors that holds a marker.
+/// The nearest of `dir` and its ancestors holding the strongest marker
+/// found anywhere on the way up.
 fn nearest_marked(dir: &Path) -> Option<PathBuf> {
-    dir.ancestors()
-        .find(|d| {
-            MARKERS
-                .iter()
-                .any(|m| std::fs::symlink_metadata(d.join(m)).is_ok())
-        })
-        .map(Path::to_path_buf)
+    MARKERS.iter().find_map(|m| {
+        dir.ancestors()
+            .find(|d| std::fs::symlink_metadata(d.join(m)).is_ok())
+            .map(Path::to_path_buf)
+    })
 }
 
 #[cfg(test)]
@@ -90,5 +97,23 @@ mod tests {
             discover(Some(Path::new("nope")), &top),
             Err(Error::NoRoot(_))
         ));
+    }
+
+    #[test]
+    fn a_marker_below_a_checkout_makes_no_second_project() {
+        let t = tempfile::tempdir().unwrap();
+        let top = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(top.join("co/.git")).unwrap();
+        std::fs::create_dir_all(top.join("co/sub/.svn")).unwrap();
+        std::fs::create_dir_all(top.join("co/adopted/deep")).unwrap();
+        std::fs::write(top.join("co/adopted/.apache-magpie.lock"), "").unwrap();
+        for from in ["co/sub", "co/adopted/deep", "co/adopted", "co"] {
+            assert_eq!(discover(None, &top.join(from)).unwrap(), top.join("co"));
+        }
+        // Below an svn checkout, a marker makes no second project either.
+        std::fs::create_dir_all(top.join("wc/.svn")).unwrap();
+        std::fs::create_dir_all(top.join("wc/x")).unwrap();
+        std::fs::write(top.join("wc/x/.apache-magpie.lock"), "").unwrap();
+        assert_eq!(discover(None, &top.join("wc/x")).unwrap(), top.join("wc"));
     }
 }

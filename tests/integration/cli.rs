@@ -192,7 +192,8 @@ fn roots_and_personal_layers() {
         .expect(3, "already_running");
     assert!(!wt.join(".apache-magpie-local").exists());
 
-    // Adopted project: .apache-magpie-local/ of the main working tree, from a worktree too.
+    // Adopted git project: the git common directory too, never the working
+    // tree (SPEC §5 rule 1), from a worktree too.
     let adopted = env.git_repo("adopted");
     std::fs::write(adopted.join(".apache-magpie.lock"), "").unwrap();
     let awt = env.worktree(&adopted, "awt");
@@ -201,10 +202,12 @@ fn roots_and_personal_layers() {
     assert_eq!(
         a["lock"],
         adopted
-            .join(".apache-magpie-local/run/locks/issue-triage@apache__airflow.lock")
+            .join(".git/apache-magpie/run/locks/issue-triage@apache__airflow.lock")
             .display()
             .to_string()
     );
+    assert!(!awt.join(".apache-magpie-local").exists());
+    assert!(!adopted.join(".apache-magpie-local").exists());
     env.cmd(&adopted)
         .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
         .run()

@@ -200,6 +200,10 @@ pub enum Reply {
         store: String,
         locks: Vec<ListEntry>,
         tombstones: u64,
+        /// Locks an older version left in a working tree's
+        /// `.apache-magpie-local/` (present only when there are some).
+        #[serde(default)]
+        legacy: Vec<ListEntry>,
     },
     /// `history` (SPEC §2.8): of one lock (`skill`...) or of the store.
     History {
