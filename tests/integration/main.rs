@@ -42,3 +42,4 @@ mod store_contract;
 mod stress;
 mod verbs;
 mod wait_run;
+mod write_block;
