@@ -73,28 +73,37 @@ struct GitDirs {
 /// Reads a small git metadata file: never blocking (a FIFO is refused at
 /// once), at most 64 KiB, as text.
 fn read_small(path: &Path) -> Result<String> {
+    let bytes = read_regular(path, crate::store::fs::layer::READ_LIMIT)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Reads a file that must be a regular file of at most `limit` bytes, named
+/// by the user or by git (a worktree's `.git`, a TLS certificate): never
+/// blocking (a FIFO or a device is refused at once, never waited on) and
+/// never reading more than `limit` (an endless file is refused).
+///
+/// # Errors
+/// [`Error::Io`] naming the file when it cannot be opened, is not a regular
+/// file, or is larger than `limit`.
+pub fn read_regular(path: &Path, limit: usize) -> Result<Vec<u8>> {
     let mut open = std::fs::OpenOptions::new();
     open.read(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NONBLOCK);
-    // Windows: a named pipe is not reachable by a path below a checkout,
-    // and the type is checked below before anything is read.
+    // Windows: a named pipe is not reachable by a plain path, and the type
+    // is checked below before anything is read.
     let file = open.open(path).map_err(|e| Error::io("read", path, e))?;
     let meta = file.metadata().map_err(|e| Error::io("read", path, e))?;
+    let refuse = |why: String| Error::io("read", path, std::io::Error::other(why));
     if !meta.is_file() {
-        return Err(Error::io(
-            "read",
-            path,
-            std::io::Error::other("it is not a regular file"),
-        ));
+        return Err(refuse("it is not a regular file".into()));
     }
-    let bytes = crate::store::fs::layer::read_bounded(
-        file,
-        meta.len(),
-        crate::store::fs::layer::READ_LIMIT,
-    )
-    .map_err(|e| Error::io("read", path, e))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    let bytes = crate::store::fs::layer::read_bounded(file, meta.len(), limit.saturating_add(1))
+        .map_err(|e| Error::io("read", path, e))?;
+    if bytes.len() > limit {
+        return Err(refuse(format!("it is larger than {limit} bytes")));
+    }
+    Ok(bytes)
 }
 
 fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {
@@ -223,7 +232,10 @@ mod tests {
         );
         assert_eq!(
             l.working,
-            [wt.join(".apache-magpie-local"), main.join(".apache-magpie-local")]
+            [
+                wt.join(".apache-magpie-local"),
+                main.join(".apache-magpie-local")
+            ]
         );
         fs::write(wt.join(".git"), "gitdir: /nowhere/at/all\n").unwrap();
         assert!(matches!(resolve(&wt), Err(Error::NoRoot(_))));

@@ -189,3 +189,55 @@ fn etcds_with_a_private_ca_and_client_certificates() {
     let _ = etcd.kill();
     let _ = etcd.wait();
 }
+
+/// The CA, certificate and key are named by variables, so they are read as
+/// regular files only and bounded (SPEC §8): a FIFO never hangs a command,
+/// `/dev/zero` or an endless file never fills memory; each is an `io`
+/// error naming the file, at once.
+#[test]
+fn tls_files_that_are_fifos_devices_or_huge_are_refused_at_once() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let fifo = env.path("ca.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let huge = env.path("huge.pem");
+    let f = std::fs::File::create(&huge).unwrap();
+    f.set_len(64 << 20).unwrap();
+    for var in ["SKILL_LOCK_ETCD_CA", "SKILL_LOCK_ETCD_CERT"] {
+        for file in [fifo.as_path(), Path::new("/dev/zero"), huge.as_path()] {
+            let start = std::time::Instant::now();
+            let mut cmd = env
+                .cmd(&repo)
+                .args([
+                    "status",
+                    "s",
+                    "--repo",
+                    "o/r",
+                    "--store",
+                    "etcds://127.0.0.1:9",
+                ])
+                .env(var, file);
+            if var == "SKILL_LOCK_ETCD_CERT" {
+                cmd = cmd.env("SKILL_LOCK_ETCD_KEY", file);
+            }
+            let out = cmd.run();
+            out.expect_error("io");
+            let common::verbs::Reply::Error { message, .. } = out.reply() else {
+                unreachable!("an error object")
+            };
+            assert!(
+                message.contains(file.to_str().unwrap()),
+                "{var}={}: {message}",
+                file.display()
+            );
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(3),
+                "{var}={} took {:?}",
+                file.display(),
+                start.elapsed()
+            );
+        }
+    }
+}

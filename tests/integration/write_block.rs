@@ -30,10 +30,9 @@ const LAUNCHER: &str = "uvx --from ~/.claude/magpie/skill-lock skill-lock";
 
 /// The block's commands, as bash, keyed by step name.
 fn steps() -> BTreeMap<String, String> {
-    let doc = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/write-lock.md"),
-    )
-    .unwrap();
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/write-lock.md"))
+            .unwrap();
     let mut out = BTreeMap::new();
     let mut lines = doc.lines();
     while let Some(line) = lines.next() {
@@ -49,7 +48,10 @@ fn steps() -> BTreeMap<String, String> {
         out.insert(name.to_owned(), to_bash(name, cmd));
     }
     for step in ["status", "acquire", "renew", "release", "run"] {
-        assert!(out.contains_key(step), "docs/write-lock.md lacks step {step}");
+        assert!(
+            out.contains_key(step),
+            "docs/write-lock.md lacks step {step}"
+        );
     }
     out
 }
@@ -57,7 +59,10 @@ fn steps() -> BTreeMap<String, String> {
 /// One command of the block as bash: the launcher is `$SL`, placeholders
 /// are variables, and the documented 900 s lease is `$TTL`.
 fn to_bash(name: &str, cmd: &str) -> String {
-    assert!(cmd.contains(LAUNCHER), "step {name} runs the launcher: {cmd}");
+    assert!(
+        cmd.contains(LAUNCHER),
+        "step {name} runs the launcher: {cmd}"
+    );
     let mut bash = cmd.replace(LAUNCHER, "\"$SL\"");
     for (from, to) in [
         ("\"<note>\"", "\"$NOTE\""),
@@ -70,7 +75,10 @@ fn to_bash(name: &str, cmd: &str) -> String {
     ] {
         bash = bash.replace(from, to);
     }
-    assert!(!bash.contains('<'), "step {name}: a placeholder left: {bash}");
+    assert!(
+        !bash.contains('<'),
+        "step {name}: a placeholder left: {bash}"
+    );
     bash
 }
 
@@ -230,8 +238,14 @@ fn stores(env: &TestEnv) -> Vec<Store> {
     out.push(Store {
         name: "git",
         vars: vec![
-            ("SKILL_LOCK_STORE", format!("git:file://{}", remote.display())),
-            ("SKILL_LOCK_GIT_CACHE", env.path("git-cache").display().to_string()),
+            (
+                "SKILL_LOCK_STORE",
+                format!("git:file://{}", remote.display()),
+            ),
+            (
+                "SKILL_LOCK_GIT_CACHE",
+                env.path("git-cache").display().to_string(),
+            ),
             ("SKILL_LOCK_CLOCK_SKEW", "0".into()),
         ],
         ttl: 3,
@@ -334,11 +348,7 @@ fn write_scripts(env: &TestEnv) -> (PathBuf, PathBuf) {
     // `run` starts CMD directly: the poster needs a shebang and the x bit.
     let poster = env.path("poster.sh");
     std::fs::write(&poster, format!("#!/bin/bash\n{POSTER}")).unwrap();
-    std::fs::set_permissions(
-        &poster,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&poster, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     (block, run_form)
 }
 

@@ -2,6 +2,7 @@
 //! credential and timeout variables from the start-up snapshot
 //! ([`Vars`]); parsing reads no file and connects nowhere.
 
+use std::path::Path;
 use std::time::Duration;
 
 use super::DEFAULT_TIMEOUT;
@@ -101,8 +102,14 @@ impl EtcdConfig {
 }
 
 /// Reads the TLS files and credentials of `config` once.
+/// The largest CA bundle, certificate or key read (a system CA bundle is
+/// about 200 KiB).
+const TLS_FILE_LIMIT: usize = 4 << 20;
+
 pub(super) fn security(config: &EtcdConfig) -> Result<Security> {
-    let read = |path: &String| std::fs::read(path).map_err(|e| Error::io("read", path, e));
+    // Regular files only, bounded: a FIFO named by a variable never hangs
+    // a command, `/dev/zero` never fills memory (SPEC §8).
+    let read = |path: &String| crate::layer::read_regular(Path::new(path), TLS_FILE_LIMIT);
     let tls = if config.tls {
         Some(Tls {
             ca: config.ca.as_ref().map(read).transpose()?,
