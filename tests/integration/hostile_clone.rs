@@ -986,23 +986,17 @@ fn gitignore_tricks_and_git_clean_never_free_a_held_lock() {
 }
 
 /// Two runs of one skill on one repository, started from any two of
-/// `places`, never both acquire: the lock (in `layer`) is held against the
-/// second, which sees the first's token hold it.
+/// `places`, never both acquire: the lock is held against the second, which
+/// sees the first's token hold it; and from everywhere the lock is in
+/// `layer` (checked last, so that a split shows as what it does).
 #[track_caller]
 fn contend(places: &[PathBuf], layer: &Path) {
+    let mut locks = Vec::new();
     for a in places {
         for b in places.iter().filter(|b| *b != a) {
             let first = Lock::new(a, SKILL, REPO);
-            let token = match first.acquire() {
-                Reply::Acquired { token, lock, .. } => {
-                    assert!(
-                        Path::new(&lock).starts_with(layer),
-                        "from {}: the lock is {lock}, not in {}",
-                        a.display(),
-                        layer.display()
-                    );
-                    token
-                }
+            let (token, lock) = match first.acquire() {
+                Reply::Acquired { token, lock, .. } => (token, lock),
                 other => panic!("from {}: {other:?}", a.display()),
             };
             let second = Lock::new(b, SKILL, REPO);
@@ -1022,7 +1016,16 @@ fn contend(places: &[PathBuf], layer: &Path) {
                 Reply::Released { .. } => {}
                 other => panic!("release: {other:?}"),
             }
+            locks.push((a, lock));
         }
+    }
+    for (from, lock) in locks {
+        assert!(
+            Path::new(&lock).starts_with(layer),
+            "from {}: the lock is {lock}, not in {}",
+            from.display(),
+            layer.display()
+        );
     }
 }
 
