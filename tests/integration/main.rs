@@ -33,6 +33,7 @@ mod generated;
 mod git_store;
 mod history;
 mod hostile;
+mod hostile_clone;
 mod interleavings;
 mod linearizable;
 mod races;

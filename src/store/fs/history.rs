@@ -24,6 +24,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 #[cfg(unix)]
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 
 #[cfg(windows)]
 use super::layer::FileExt;
@@ -249,7 +250,8 @@ pub fn read(run: &Dir, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>
 }
 
 /// The highest fence the newest event of lock `name` in the history names
-/// (its own or the holder it replaced); 0 when the history knows none.
+/// (its own or the holder it replaced), with the file that names it; 0 and
+/// `None` when the history knows none.
 ///
 /// Reads backwards from the end of the current file, then the rotated one,
 /// parsing only the lines that name the lock, and stops at the first such
@@ -258,7 +260,7 @@ pub fn read(run: &Dir, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>
 ///
 /// # Errors
 /// I/O failure, or a planted file where one belongs.
-pub fn newest_fence(run: &Dir, name: &str) -> Result<u64> {
+pub fn newest_fence(run: &Dir, name: &str) -> Result<(u64, Option<PathBuf>)> {
     let needle = format!("\"lock\":{}", serde_json::Value::from(name));
     let finder = memchr::memmem::Finder::new(needle.as_bytes());
     for file in [CURRENT, ROTATED] {
@@ -297,7 +299,7 @@ pub fn newest_fence(run: &Dir, name: &str) -> Result<u64> {
                 if ev.lock == name
                     && let Some(fence) = fence
                 {
-                    return Ok(fence);
+                    return Ok((fence, Some(path)));
                 }
             }
             carry = chunk[..first_nl].to_vec();
@@ -307,7 +309,7 @@ pub fn newest_fence(run: &Dir, name: &str) -> Result<u64> {
             end = start;
         }
     }
-    Ok(0)
+    Ok((0, None))
 }
 
 fn count_lines(run: &Dir) -> Result<u64> {

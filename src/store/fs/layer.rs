@@ -61,7 +61,8 @@ impl Dir {
     /// renamed over `name`, so a reader sees the old file or the new one.
     ///
     /// # Errors
-    /// [`Error::Io`]; [`Error::Untrusted`] when a directory stands at `tmp`.
+    /// [`Error::Io`]; [`Error::Untrusted`] when a directory stands at `tmp`
+    /// or at `name` (naming it and how to clear it).
     pub fn replace(&self, tmp: &str, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<()> {
         self.remove_file(tmp)?;
         if !self.create_new(tmp, bytes)? {
@@ -71,8 +72,22 @@ impl Dir {
                 std::io::Error::other("another process created it at the same moment"),
             ));
         }
-        self.rename(tmp, self, name.as_ref(), false)
-            .map_err(|e| Error::io("rename", self.join(name.as_ref()), e))
+        self.rename(tmp, self, name.as_ref(), false).map_err(|e| {
+            let path = self.join(name.as_ref());
+            if matches!(
+                e.kind(),
+                ErrorKind::IsADirectory | ErrorKind::DirectoryNotEmpty
+            ) {
+                // A directory planted where the file goes: name it and the
+                // way to clear it (SPEC §5), as for any entry of the wrong type.
+                let fix = format!(
+                    "remove it (rm -r {}) and run again",
+                    crate::shell::quote(&path.display().to_string())
+                );
+                return untrusted(&path, "it is a directory, not a regular file".into(), fix);
+            }
+            Error::io("rename", path, e)
+        })
     }
 }
 

@@ -192,7 +192,10 @@ impl Parts {
     ///
     /// A damaged counter (a power cut, a hand edit, something planted) is
     /// reported and rebuilt; one set back by hand is overtaken by the record
-    /// or the history. A counter at `u64::MAX` refuses rather than wrap.
+    /// or the history. A fence at `u64::MAX` (counter, record or history,
+    /// which a repository can plant under rule 3) refuses rather than wrap,
+    /// naming each file that holds it and how to clear it (SPEC §5: planted
+    /// state never leaves a lock with no way out).
     fn next_fence(&self, key: &LockKey, seen_fence: u64) -> Result<u64> {
         let name = format!("{}.fence", key.name());
         let path = self.keys.join(&name);
@@ -218,24 +221,42 @@ impl Parts {
             }
             Err(e) => return Err(e),
         };
-        let history = history::newest_fence(&self.run, &key.name()).unwrap_or_else(|e| {
-            eprintln!("skill-lock: warning: the history could not be read for the fence ({e})");
-            0
-        });
-        stored
-            .max(seen_fence)
-            .max(history)
-            .checked_add(1)
-            .ok_or_else(|| {
-                Error::io(
-                    "advance the fence counter",
-                    &path,
-                    std::io::Error::other(
-                        "it is at 18446744073709551615 and no later fence exists; \
-                         this lock cannot be acquired again in this store",
-                    ),
-                )
-            })
+        let (history, history_file) =
+            history::newest_fence(&self.run, &key.name()).unwrap_or_else(|e| {
+                eprintln!("skill-lock: warning: the history could not be read for the fence ({e})");
+                (0, None)
+            });
+        let next = stored.max(seen_fence).max(history).checked_add(1);
+        next.ok_or_else(|| {
+            // No run reaches this fence: the file that holds it was planted
+            // or damaged. Name every such file, and how to go on.
+            let record = self.locks.join(lock_name(key)).join(RECORD);
+            let at_max: Vec<PathBuf> = [
+                (stored, Some(path)),
+                (seen_fence, Some(record)),
+                (history, history_file),
+            ]
+            .into_iter()
+            .filter(|(fence, _)| *fence == u64::MAX)
+            .filter_map(|(_, file)| file)
+            .collect();
+            let names = at_max
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" and ");
+            Error::Untrusted {
+                path: at_max
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| self.keys.join(&name)),
+                why: format!(
+                    "the lock's fence is at 18446744073709551615 in {names}, a value no real \
+                     run reaches (planted or damaged), so no later fence exists"
+                ),
+                fix: format!("delete {names}; fences then go on above every fence that remains"),
+            }
+        })
     }
 
     /// Gives `rec` the lock's next fence, written to the counter first, so
