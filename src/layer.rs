@@ -223,7 +223,10 @@ mod tests {
         );
         assert_eq!(
             l.working,
-            [wt.join(".apache-magpie-local"), main.join(".apache-magpie-local")]
+            [
+                wt.join(".apache-magpie-local"),
+                main.join(".apache-magpie-local")
+            ]
         );
         fs::write(wt.join(".git"), "gitdir: /nowhere/at/all\n").unwrap();
         assert!(matches!(resolve(&wt), Err(Error::NoRoot(_))));
