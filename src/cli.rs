@@ -219,6 +219,7 @@ impl TakeArgs {
             note: self.note.as_ref().map(config::validate_note).transpose()?,
             owner_pid,
             owner_pgid: None,
+            since: None,
         };
         Ok((key, req, self.wait.as_ref().map(wait_of).transpose()?))
     }
