@@ -116,7 +116,11 @@ fn run(
                 })
             }
             crate::run::Outcome::Interrupted(sig) => Report::interrupted(about(store, key), sig),
-            crate::run::Outcome::Ran { fence, ran } => Report::ran(about(store, key), fence, &ran),
+            crate::run::Outcome::Ran {
+                fence,
+                others_since,
+                ran,
+            } => Report::ran(about(store, key), fence, others_since, &ran),
         },
     )
 }

@@ -139,6 +139,8 @@ pub struct Ran {
     #[serde(flatten)]
     about: About,
     fence: u64,
+    /// As `acquired`'s (CMD had it as `SKILL_LOCK_OTHERS_SINCE`).
+    others_since: Option<bool>,
     exit_status: u8,
     signal: Option<i32>,
     lost: bool,
@@ -466,10 +468,16 @@ impl Report {
 
     /// The object of a `run` that ran CMD.
     #[must_use]
-    pub fn ran(about: About, fence: u64, ran: &crate::run::Ran) -> Self {
+    pub fn ran(
+        about: About,
+        fence: u64,
+        others_since: Option<bool>,
+        ran: &crate::run::Ran,
+    ) -> Self {
         Self::Ran(Ran {
             about,
             fence,
+            others_since,
             exit_status: ran.exit_status,
             signal: ran.signal,
             lost: ran.lost,

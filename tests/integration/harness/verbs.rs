@@ -241,6 +241,8 @@ pub enum Reply {
         #[serde(default)]
         clock_skew: Option<u64>,
         fence: u64,
+        #[serde(deserialize_with = "nullable")]
+        others_since: Option<bool>,
         exit_status: u8,
         signal: Option<i32>,
         lost: bool,
@@ -281,7 +283,7 @@ impl Reply {
     #[track_caller]
     pub fn others_since(&self) -> Option<bool> {
         match self {
-            Self::Acquired { others_since, .. } => *others_since,
+            Self::Acquired { others_since, .. } | Self::Ran { others_since, .. } => *others_since,
             other => panic!("not acquired: {other:?}"),
         }
     }
