@@ -78,6 +78,9 @@ struct TakeArgs {
     /// Keep trying (jittered back-off) for up to SECS seconds before giving up.
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     wait: Option<OsString>,
+    /// Pass the `fence` that `status` showed before the run read what it will act on (`null` or 0 when it showed none); the `acquired` result then says `others_since` (run: the `ran` result, and $SKILL_LOCK_OTHERS_SINCE for CMD): true when another run acquired the lock since, or the store cannot tell. Re-read before writing when it is true.
+    #[arg(long, allow_hyphen_values = true, value_name = "FENCE")]
+    since: Option<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -207,8 +210,20 @@ fn wait_of(w: &OsString) -> Result<Duration> {
         .ok_or_else(|| Error::Usage(format!("--wait {text:?}: give whole seconds, 0 to 2592000")))
 }
 
+fn since_of(v: &OsString) -> Result<u64> {
+    let text = v.to_string_lossy();
+    if text == "null" {
+        return Ok(0);
+    }
+    text.parse::<u64>().map_err(|_| {
+        Error::Usage(format!(
+            "--since {text:?}: give the fence that status showed (a whole number; null or 0 when it showed none)"
+        ))
+    })
+}
+
 impl TakeArgs {
-    /// Validates the lock, ttl, note and wait; `owner_pid` as given.
+    /// Validates the lock, ttl, note, wait and since; `owner_pid` as given.
     fn validate(
         &self,
         owner_pid: Option<u32>,
@@ -219,6 +234,7 @@ impl TakeArgs {
             note: self.note.as_ref().map(config::validate_note).transpose()?,
             owner_pid,
             owner_pgid: None,
+            since: self.since.as_ref().map(since_of).transpose()?,
         };
         Ok((key, req, self.wait.as_ref().map(wait_of).transpose()?))
     }

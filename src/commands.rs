@@ -64,7 +64,7 @@ fn about(store: &AnyStore, key: &LockKey) -> About {
 fn refuse_legacy_held(settings: &Settings, key: &LockKey) -> Result<()> {
     for location in &settings.store.legacy {
         let old = crate::store::fs::FileStore::at(location.clone());
-        if let engine::State::Held { holder, .. } = engine::status(&old, key, &context(settings))? {
+        if let engine::State::Held { holder, .. } = engine::state(&old, key, &context(settings))? {
             return Err(crate::error::Error::LegacyHeld {
                 path: std::path::PathBuf::from(old.location(key)),
                 expires: holder.expires.to_string(),
@@ -116,7 +116,11 @@ fn run(
                 })
             }
             crate::run::Outcome::Interrupted(sig) => Report::interrupted(about(store, key), sig),
-            crate::run::Outcome::Ran { fence, ran } => Report::ran(about(store, key), fence, &ran),
+            crate::run::Outcome::Ran {
+                fence,
+                others_since,
+                ran,
+            } => Report::ran(about(store, key), fence, others_since, &ran),
         },
     )
 }
@@ -144,8 +148,8 @@ fn release(
 }
 
 fn status(settings: &Settings, store: &AnyStore, key: &LockKey) -> Result<Report> {
-    let state = engine::status(store, key, &context(settings))?;
-    Ok(Report::status(state, about(store, key)))
+    let status = engine::status(store, key, &context(settings))?;
+    Ok(Report::status(status, about(store, key)))
 }
 
 fn list(settings: &Settings, store: &AnyStore) -> Result<ExitStatus> {

@@ -67,6 +67,10 @@ pub struct AcquireRequest {
     /// `run`'s process group: the lock is held while any member lives
     /// (SPEC §2.7); its leader must be alive when acquiring.
     pub owner_pgid: Option<u32>,
+    /// `--since FENCE`: the fence `status` showed before the run read what
+    /// it acts on; the outcome then says whether another acquisition came
+    /// in between ([`others_since`]).
+    pub since: Option<u64>,
 }
 
 /// A stale lock that an acquire replaced.
@@ -91,6 +95,9 @@ pub enum Acquire {
         holder: Holder,
         /// The stale lock replaced, if any.
         took_over: Option<TookOver>,
+        /// With `--since`: did another acquisition come after it (see
+        /// [`others_since`])? `None` without `--since`.
+        others_since: Option<bool>,
     },
     /// Someone else holds a live lease.
     AlreadyRunning {
@@ -167,6 +174,16 @@ pub enum State {
     },
     /// No lock.
     Free,
+}
+
+/// What [`status`] reports: the state, and the fence of the lock's latest
+/// acquisition, held or not (SPEC §2.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// Held, stale or free.
+    pub state: State,
+    /// The latest acquisition's fence (`None`: the store knows of none).
+    pub fence: Option<u64>,
 }
 
 /// The outcome of [`check`].
@@ -314,6 +331,26 @@ impl Acquirer<'_> {
     }
 }
 
+/// The answer of `--since FENCE` (SPEC §2.1): did another acquisition of the
+/// lock get a fence above `since` before this one, or can the store not
+/// tell? `prior` is the fence of the acquisition before this one, as the
+/// store knew it in the step that made this one ([`crate::store::Written`]).
+///
+/// Only "`prior` is `since`" says no: then the acquisition `status` showed
+/// was the last one. A prior above it is someone else's; one below it (or
+/// none, for a fence `status` did show) means the store's memory was reset
+/// or trimmed since, and it cannot tell. A store that knows of no
+/// acquisition, asked from `status`'s `null` (given as 0), says no. This
+/// compares fences for equality only, so it holds where fences are not
+/// consecutive (etcd's revisions).
+#[must_use]
+pub fn others_since(prior: Option<u64>, since: u64) -> bool {
+    match prior {
+        Some(p) => p != since,
+        None => since != 0,
+    }
+}
+
 /// Takes the lock for `key` when it is free or stale (SPEC §2.1).
 ///
 /// # Errors
@@ -340,6 +377,9 @@ pub fn acquire<S: Store>(
     Ok(match (committed.value, committed.written) {
         (Ok(took_over), Some(written)) => Acquire::Acquired {
             token,
+            others_since: req
+                .since
+                .map(|since| others_since(written.prior_fence, since)),
             holder: written.holder(),
             took_over,
         },
@@ -503,15 +543,44 @@ pub fn release<S: Store>(
     Ok(committed.value)
 }
 
-/// Reads the state of a lock without changing anything (SPEC §2.4).
+/// Reads the state of a lock without changing anything.
 ///
 /// # Errors
 /// Store I/O failure.
-pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<State> {
+pub fn state<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<State> {
     let current = store.read(key)?;
     // The clock is read after the store answered: time spent connecting
     // (a network store's failover) is never counted as lease left.
     Ok(judge(&current, &ctx.at_decision().now))
+}
+
+/// Reads the state of a lock and the fence of its latest acquisition,
+/// without changing anything (SPEC §2.4).
+///
+/// A record carries its own fence. A lock with none (free, or unreadable)
+/// asks the store for the latest fence, then reads the lock again and
+/// reports that second state: the fence was read first, so it never names
+/// an acquisition that the state reported does not show (one that was
+/// taken between the two reads is seen held, or is released already). A
+/// `--since` built on it is therefore never answered `false` while an
+/// acquisition that `status` called free was writing.
+///
+/// # Errors
+/// Store I/O failure.
+pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<Status> {
+    let mut current = store.read(key)?;
+    let mut latest = None;
+    if current.record().is_none() {
+        latest = store.last_fence(key)?;
+        current = store.read(key)?;
+    }
+    let fence = current.record().map(|r| r.holder.fence).or(latest);
+    // The clock is read after the store answered: time spent connecting
+    // (a network store's failover) is never counted as lease left.
+    Ok(Status {
+        state: judge(&current, &ctx.at_decision().now),
+        fence,
+    })
 }
 
 /// Visits every lock of `store` in `list`'s order (SPEC §2.5), judged at
@@ -574,12 +643,17 @@ mod tests {
     use crate::error::Error;
     use crate::store::{Committed, Listed, Seen, Written};
 
-    /// A store in memory: one map of locks, fences that survive release, a history.
+    /// Something a test does between two steps of the engine.
+    type Hook = Box<dyn FnOnce(&Memory)>;
+
+    /// A store in memory: one map of locks, fences that survive release, a
+    /// history; `racer` runs once, inside the next `last_fence`.
     #[derive(Default)]
     struct Memory {
         locks: RefCell<BTreeMap<String, Current>>,
         fences: RefCell<BTreeMap<String, u64>>,
         events: RefCell<Vec<Event>>,
+        racer: RefCell<Option<Hook>>,
     }
 
     impl Memory {
@@ -617,11 +691,13 @@ mod tests {
         ) -> Result<Committed<T>> {
             let name = key.name();
             let decision = decide(&self.read(key)?)?;
+            let mut prior = None;
             let written = match decision.change.clone() {
                 Change::Keep => None,
                 Change::Create(mut rec) | Change::Takeover(mut rec) => {
                     let mut fences = self.fences.borrow_mut();
                     let fence = fences.entry(name.clone()).or_insert(0);
+                    prior = Some(*fence).filter(|f| *f > 0);
                     *fence += 1;
                     rec.holder.fence = *fence;
                     Some(rec)
@@ -639,8 +715,16 @@ mod tests {
             self.events.borrow_mut().extend(decision.events(fence));
             Ok(Committed {
                 value: decision.value,
-                written: written.map(Written::as_given),
+                written: written.map(|r| Written::as_given(r).with_prior(prior)),
             })
+        }
+
+        fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
+            let racer = self.racer.borrow_mut().take();
+            if let Some(race) = racer {
+                race(self);
+            }
+            Ok(self.fences.borrow().get(&key.name()).copied())
         }
 
         fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
@@ -696,6 +780,7 @@ mod tests {
             note: Some("n".into()),
             owner_pid: None,
             owner_pgid: None,
+            since: None,
         }
     }
 
@@ -757,7 +842,7 @@ mod tests {
         let store = Memory::default();
         store.put(&key(), Current::Corrupt("garbage".into()));
         assert_eq!(
-            status(&store, &key(), &at(0)).unwrap(),
+            status(&store, &key(), &at(0)).unwrap().state,
             State::Stale {
                 reason: StaleReason::Corrupt,
                 holder: None,
@@ -952,6 +1037,158 @@ mod tests {
         );
     }
 
+    #[test]
+    fn others_since_is_false_only_when_the_prior_fence_is_the_one_given() {
+        assert!(
+            !others_since(Some(5), 5),
+            "status showed the last acquisition"
+        );
+        assert!(others_since(Some(6), 5), "someone acquired since");
+        assert!(others_since(Some(4), 5), "the store forgot: it cannot tell");
+        assert!(!others_since(None, 0), "none known, none shown");
+        assert!(others_since(None, 3), "the store forgot every acquisition");
+        assert!(
+            others_since(Some(5), 0),
+            "status knew of none, the store of one"
+        );
+    }
+
+    fn acquired_since(store: &Memory, since: u64, ctx: &Context) -> (String, Holder, Option<bool>) {
+        let mut r = req(10);
+        r.since = Some(since);
+        match acquire(store, &key(), &r, ctx).unwrap() {
+            Acquire::Acquired {
+                token,
+                holder,
+                others_since,
+                ..
+            } => (token, holder, others_since),
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    /// What `status` showed as the fence, as a skill passes it to `--since`
+    /// (`null` as 0).
+    fn shown(store: &Memory, ctx: &Context) -> u64 {
+        status(store, &key(), ctx).unwrap().fence.unwrap_or(0)
+    }
+
+    #[test]
+    fn status_shows_the_latest_fence_held_or_not() {
+        let store = Memory::default();
+        assert_eq!(
+            status(&store, &key(), &at(0)).unwrap(),
+            Status {
+                state: State::Free,
+                fence: None
+            }
+        );
+        let (token, first) = acquired(&store, 10, &at(0));
+        assert_eq!(
+            status(&store, &key(), &at(1)).unwrap().fence,
+            Some(first.fence)
+        );
+        let stale = status(&store, &key(), &at(20)).unwrap();
+        assert!(matches!(stale.state, State::Stale { .. }));
+        assert_eq!(stale.fence, Some(first.fence));
+        release(&store, &key(), Some(&token), false, &at(21)).unwrap();
+        assert_eq!(
+            status(&store, &key(), &at(22)).unwrap(),
+            Status {
+                state: State::Free,
+                fence: Some(first.fence)
+            }
+        );
+    }
+
+    #[test]
+    fn since_answers_whether_another_acquisition_came_in_between() {
+        let store = Memory::default();
+        // Never acquired: status shows null, the first acquisition says no.
+        let since = shown(&store, &at(0));
+        assert_eq!(since, 0);
+        let (t, _, others) = acquired_since(&store, since, &at(1));
+        assert_eq!(others, Some(false));
+        release(&store, &key(), Some(&t), false, &at(2)).unwrap();
+        // Nobody in between.
+        let since = shown(&store, &at(3));
+        let (t, _, others) = acquired_since(&store, since, &at(4));
+        assert_eq!(others, Some(false));
+        release(&store, &key(), Some(&t), false, &at(5)).unwrap();
+        // Another run acquired and released in between.
+        let since = shown(&store, &at(6));
+        let (t, _) = acquired(&store, 10, &at(7));
+        release(&store, &key(), Some(&t), false, &at(8)).unwrap();
+        let (t, _, others) = acquired_since(&store, since, &at(9));
+        assert_eq!(others, Some(true));
+        release(&store, &key(), Some(&t), false, &at(10)).unwrap();
+        // Another run acquired and its lease ran out: this one takes it over.
+        let since = shown(&store, &at(11));
+        acquired(&store, 10, &at(12));
+        let Acquire::Acquired {
+            took_over,
+            others_since,
+            ..
+        } = acquire(&store, &key(), &with_since(since), &at(30)).unwrap()
+        else {
+            panic!("not taken over")
+        };
+        assert!(took_over.is_some());
+        assert_eq!(others_since, Some(true));
+        // Status showed that expired lock: taking it over says no.
+        let since = shown(&store, &at(50));
+        let (_, _, others) = acquired_since(&store, since, &at(51));
+        assert_eq!(others, Some(false));
+        // Without --since, nothing is said.
+        let Acquire::Acquired { others_since, .. } =
+            acquire(&store, &key(), &req(10), &at(70)).unwrap()
+        else {
+            panic!("not taken over")
+        };
+        assert_eq!(others_since, None);
+    }
+
+    fn with_since(since: u64) -> AcquireRequest {
+        let mut r = req(10);
+        r.since = Some(since);
+        r
+    }
+
+    #[test]
+    fn a_store_that_forgot_its_fences_cannot_tell() {
+        let store = Memory::default();
+        let (t, _) = acquired(&store, 10, &at(0));
+        release(&store, &key(), Some(&t), false, &at(1)).unwrap();
+        let (t, _) = acquired(&store, 10, &at(2));
+        release(&store, &key(), Some(&t), false, &at(3)).unwrap();
+        let since = shown(&store, &at(4));
+        assert_eq!(since, 2);
+        // Counter set back below the fence status showed.
+        store.fences.borrow_mut().insert(key().name(), 1);
+        let (t, _, others) = acquired_since(&store, since, &at(5));
+        assert_eq!(others, Some(true));
+        release(&store, &key(), Some(&t), false, &at(6)).unwrap();
+        // Counter gone altogether.
+        let since = shown(&store, &at(7));
+        store.fences.borrow_mut().clear();
+        let (_, _, others) = acquired_since(&store, since, &at(8));
+        assert_eq!(others, Some(true));
+    }
+
+    #[test]
+    fn status_never_calls_free_a_lock_acquired_while_it_read_the_fence() {
+        let store = Memory::default();
+        let (t, _) = acquired(&store, 10, &at(0));
+        release(&store, &key(), Some(&t), false, &at(1)).unwrap();
+        // Between status's first look (free) and its fence, a run acquires.
+        *store.racer.borrow_mut() = Some(Box::new(|s: &Memory| {
+            acquired(s, 60, &at(2));
+        }));
+        let seen = status(&store, &key(), &at(3)).unwrap();
+        assert!(matches!(seen.state, State::Held { .. }), "{seen:?}");
+        assert_eq!(seen.fence, Some(2), "the fence of the lock it shows");
+    }
+
     /// A context at `secs` on this process's real boot clock: records it
     /// writes carry this boot's id, so their pids can be judged here.
     fn on_this_boot(secs: i64) -> Context {
@@ -972,7 +1209,7 @@ mod tests {
         let uncertain = Memory::default();
         acquire(&uncertain, &key(), &r, &at(0)).unwrap();
         assert!(matches!(
-            status(&uncertain, &key(), &at(1)).unwrap(),
+            status(&uncertain, &key(), &at(1)).unwrap().state,
             State::Held { .. }
         ));
         if Now::read().boot.is_none() {
@@ -981,7 +1218,7 @@ mod tests {
         let store = Memory::default();
         acquire(&store, &key(), &r, &on_this_boot(0)).unwrap();
         assert!(matches!(
-            status(&store, &key(), &on_this_boot(1)).unwrap(),
+            status(&store, &key(), &on_this_boot(1)).unwrap().state,
             State::Stale {
                 reason: StaleReason::OwnerDead,
                 ..

@@ -24,7 +24,7 @@
 //! let dir = std::env::temp_dir().join(format!("skill-lock-doc-{}", std::process::id()));
 //! let store = FileStore::new(&dir);
 //! let key = LockKey::new("issue-triage", "apache/airflow")?;
-//! let req = AcquireRequest { ttl: 60, note: Some("doc test".into()), owner_pid: None, owner_pgid: None };
+//! let req = AcquireRequest { ttl: 60, note: Some("doc test".into()), owner_pid: None, owner_pgid: None, since: None };
 //! let Acquire::Acquired { token, holder, .. } = engine::acquire(&store, &key, &req, &Context::here())? else {
 //!     panic!("a fresh store is free");
 //! };

@@ -118,6 +118,9 @@ pub struct Acquired {
     owner_pid: Option<u32>,
     fence: u64,
     took_over: Option<TookOverJson>,
+    /// With `--since`: another acquisition came in between (or the store
+    /// cannot tell); `null` without it.
+    others_since: Option<bool>,
 }
 
 /// `already_running` (acquire, run): someone else holds a live lease.
@@ -136,6 +139,8 @@ pub struct Ran {
     #[serde(flatten)]
     about: About,
     fence: u64,
+    /// As `acquired`'s (CMD had it as `SKILL_LOCK_OTHERS_SINCE`).
+    others_since: Option<bool>,
     exit_status: u8,
     signal: Option<i32>,
     lost: bool,
@@ -245,25 +250,12 @@ impl From<State> for LockState {
     }
 }
 
-impl LockState {
-    fn fence(&self) -> Option<u64> {
-        match self {
-            Self::Held { holder, .. }
-            | Self::Stale {
-                holder: Some(holder),
-                ..
-            } => Some(holder.fence),
-            _ => None,
-        }
-    }
-}
-
 /// `status`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
     #[serde(flatten)]
     about: About,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The latest acquisition's fence, held or not; `null`: none known.
     fence: Option<u64>,
     #[serde(flatten)]
     state: LockState,
@@ -450,6 +442,7 @@ impl Report {
                 token,
                 holder,
                 took_over,
+                others_since,
             } => Self::Acquired(Acquired {
                 about,
                 token,
@@ -460,6 +453,7 @@ impl Report {
                 owner_pid: holder.owner_pid,
                 fence: holder.fence,
                 took_over: took_over.map(TookOverJson::from),
+                others_since,
             }),
             Acquire::AlreadyRunning { holder, expires_in } => {
                 Self::AlreadyRunning(AlreadyRunning {
@@ -474,10 +468,16 @@ impl Report {
 
     /// The object of a `run` that ran CMD.
     #[must_use]
-    pub fn ran(about: About, fence: u64, ran: &crate::run::Ran) -> Self {
+    pub fn ran(
+        about: About,
+        fence: u64,
+        others_since: Option<bool>,
+        ran: &crate::run::Ran,
+    ) -> Self {
         Self::Ran(Ran {
             about,
             fence,
+            others_since,
             exit_status: ran.exit_status,
             signal: ran.signal,
             lost: ran.lost,
@@ -544,12 +544,11 @@ impl Report {
 
     /// The object of a status.
     #[must_use]
-    pub fn status(state: State, about: About) -> Self {
-        let state = LockState::from(state);
+    pub fn status(status: engine::Status, about: About) -> Self {
         Self::Status(Status {
             about,
-            fence: state.fence(),
-            state,
+            fence: status.fence,
+            state: LockState::from(status.state),
         })
     }
 

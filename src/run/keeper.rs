@@ -207,11 +207,17 @@ impl Keeper {
         }
     }
 
-    /// Starts CMD under the lease with `token` and `fence`; with `lend`,
-    /// CMD's group is made the terminal's foreground.
-    pub fn go(&mut self, token: &str, fence: u64, lend: bool) {
+    /// Starts CMD under the lease with `token`, `fence` and `--since`'s
+    /// answer ([`super::lease_env`]); with `lend`, CMD's group is made the
+    /// terminal's foreground.
+    pub fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>, lend: bool) {
         self.started = true;
-        self.send(&format!("go {fence} {} {token}\n", u8::from(lend)));
+        let since = match others_since {
+            None => "-",
+            Some(true) => "1",
+            Some(false) => "0",
+        };
+        self.send(&format!("go {fence} {} {since} {token}\n", u8::from(lend)));
     }
 
     /// Tells the keeper to stop the tree itself at `stop_at` on the lease
@@ -288,6 +294,7 @@ enum Msg {
     Go {
         fence: u64,
         lend: bool,
+        others_since: Option<bool>,
         token: String,
     },
     StopAt(Duration),
@@ -304,11 +311,17 @@ enum Msg {
 
 impl Msg {
     fn parse(line: &str) -> Option<Self> {
-        let mut words = line.splitn(4, ' ');
+        let mut words = line.splitn(5, ' ');
         Some(match words.next()? {
             "go" => Self::Go {
                 fence: words.next()?.parse().ok()?,
                 lend: words.next()? == "1",
+                others_since: match words.next()? {
+                    "-" => None,
+                    "1" => Some(true),
+                    "0" => Some(false),
+                    _ => return None,
+                },
                 token: words.next()?.to_owned(),
             },
             "stop-at" => Self::StopAt(Duration::from_millis(words.next()?.parse().ok()?)),
@@ -399,15 +412,20 @@ fn keeper_main(args: &[OsString]) -> Option<ExitCode> {
         stop_at: None,
         kill_at: None,
     };
-    let (fence, lend, token) = loop {
+    let (fence, lend, others_since, token) = loop {
         match rx.recv() {
-            Ok(Msg::Go { fence, lend, token }) => break (fence, lend, token),
+            Ok(Msg::Go {
+                fence,
+                lend,
+                others_since,
+                token,
+            }) => break (fence, lend, others_since, token),
             Ok(Msg::StopAt(at)) => tree.stop_at = Some(at),
             Ok(Msg::Quit | Msg::Gone) | Err(_) => return Some(ExitCode::SUCCESS),
             Ok(_) => {}
         }
     };
-    match tree.spawn(&program, words, &token, fence, lend) {
+    match tree.spawn(&program, words, &token, fence, others_since, lend) {
         Ok(pid) => tree.say(&format!("started {pid}")),
         Err(e) => {
             tree.say(&format!(
@@ -489,6 +507,7 @@ impl Tree {
         argv: &[OsString],
         token: &str,
         fence: u64,
+        others_since: Option<bool>,
         lend: bool,
     ) -> std::io::Result<u32> {
         let pgid = libc::pid_t::try_from(self.me).unwrap_or(0);
@@ -496,11 +515,8 @@ impl Tree {
         if let Some(arg0) = argv.first() {
             command.arg0(arg0);
         }
-        command
-            .args(argv.iter().skip(1))
-            .env("SKILL_LOCK_TOKEN", token)
-            .env("SKILL_LOCK_FENCE", fence.to_string())
-            .process_group(pgid);
+        command.args(argv.iter().skip(1)).process_group(pgid);
+        super::lease_env(&mut command, token, fence, others_since);
         // SAFETY: only async-signal-safe calls (tcsetpgrp, pthread_sigmask,
         // signal) between fork and exec.
         unsafe {
@@ -612,14 +628,30 @@ mod tests {
         assert_eq!(Report::parse("exited x 1"), None);
         assert_eq!(Report::parse("what"), None);
         assert!(matches!(
-            Msg::parse("go 7 1 abc"),
-            Some(Msg::Go { fence: 7, lend: true, ref token }) if token == "abc"
+            Msg::parse("go 7 1 - abc"),
+            Some(Msg::Go { fence: 7, lend: true, others_since: None, ref token }) if token == "abc"
         ));
+        assert!(matches!(
+            Msg::parse("go 7 0 1 abc"),
+            Some(Msg::Go {
+                lend: false,
+                others_since: Some(true),
+                ..
+            })
+        ));
+        assert!(matches!(
+            Msg::parse("go 7 0 0 abc"),
+            Some(Msg::Go {
+                others_since: Some(false),
+                ..
+            })
+        ));
+        assert!(Msg::parse("go 7 1 abc").is_none(), "no answer to --since");
         assert!(
             matches!(Msg::parse("stop-at 1500"), Some(Msg::StopAt(d)) if d.as_millis() == 1500)
         );
         assert!(matches!(Msg::parse("signal 2"), Some(Msg::Signal(2))));
-        assert!(Msg::parse("go x 1 t").is_none());
+        assert!(Msg::parse("go x 1 - t").is_none());
         assert!(Msg::parse("").is_none());
     }
 }

@@ -12,7 +12,8 @@
 //!    (`liveness::group_alive`), and the keeper is one until the last
 //!    process of CMD's tree is gone.
 //! 3. After the acquire the keeper starts CMD as its child, in its group
-//!    (with `SKILL_LOCK_TOKEN` and `SKILL_LOCK_FENCE`). What CMD starts
+//!    (with `SKILL_LOCK_TOKEN`, `SKILL_LOCK_FENCE` and, with `--since`,
+//!    `SKILL_LOCK_OTHERS_SINCE`: [`lease_env`]). What CMD starts
 //!    stays in the keeper's tree even when it leaves the group or the
 //!    session: it is re-parented to the keeper, not to init. Forwarded
 //!    signals go to every process of the tree.
@@ -55,7 +56,7 @@ use crate::wait::{self, Waited};
 use terminal::Terminal;
 
 mod outcome;
-pub use outcome::{Outcome, Ran};
+pub use outcome::{OTHERS_SINCE_VAR, Outcome, Ran, lease_env};
 
 /// Prepares signal handling; call before any other thread is started.
 pub fn prepare() {
@@ -188,6 +189,7 @@ struct Lease<'a> {
     key: &'a LockKey,
     token: String,
     fence: u64,
+    others_since: Option<bool>,
     ttl: u64,
     began: Duration,
 }
@@ -214,18 +216,25 @@ pub fn execute<S: Store + Clone + Send + 'static>(
     let ttl = req.ttl;
     let waited =
         wait::acquire_interruptible(store, key, &req, wait, clock, &mut |d| signals.next(d));
-    let (token, fence, began) = match waited? {
+    let (token, fence, others_since, began) = match waited? {
         Waited::Interrupted(sig) => return Ok(Outcome::Interrupted(sig)),
         Waited::Done {
-            outcome: Acquire::Acquired { token, holder, .. },
+            outcome:
+                Acquire::Acquired {
+                    token,
+                    holder,
+                    others_since,
+                    ..
+                },
             began,
-        } => (token, holder.fence, began),
+        } => (token, holder.fence, others_since, began),
         Waited::Done { outcome, .. } => return Ok(Outcome::NotAcquired(outcome)),
     };
     let lease = Lease {
         key,
         token,
         fence,
+        others_since,
         ttl,
         began,
     };
@@ -235,7 +244,11 @@ pub fn execute<S: Store + Clone + Send + 'static>(
         return Ok(Outcome::Interrupted(sig));
     }
     let ran = supervise(store, &lease, keeper, signals)?;
-    Ok(Outcome::Ran { fence, ran })
+    Ok(Outcome::Ran {
+        fence,
+        others_since,
+        ran,
+    })
 }
 
 /// Runs CMD under `lease` until no process of its tree is left, or the
@@ -251,7 +264,12 @@ fn supervise<S: Store + Clone + Send + 'static>(
     let mut renewer = Renewer::new(lease.ttl, lease.began);
     keeper.arm(renewer.stop_at());
     let terminal = Terminal::ours_in_foreground();
-    keeper.go(&lease.token, lease.fence, terminal.is_some());
+    keeper.go(
+        &lease.token,
+        lease.fence,
+        lease.others_since,
+        terminal.is_some(),
+    );
     let (tx, rx) = mpsc::channel();
     keeper.reports(tx.clone(), Event::Keeper);
     signals.forward(tx.clone(), Event::Signal);

@@ -33,7 +33,32 @@ pub enum Outcome {
     Ran {
         /// Fencing number of the acquisition.
         fence: u64,
+        /// The acquisition's answer to `--since` (None without it).
+        others_since: Option<bool>,
         /// How it ended.
         ran: Ran,
     },
 }
+
+/// Puts what CMD is told of its lease into its environment (SPEC §2.7):
+/// `SKILL_LOCK_TOKEN`, `SKILL_LOCK_FENCE`, and with `--since`
+/// `SKILL_LOCK_OTHERS_SINCE` (`true` or `false`: re-read before writing
+/// when it is `true`). Without `--since` that variable is removed, so a
+/// value inherited from an outer `run` is never taken for this one's.
+pub fn lease_env(
+    command: &mut std::process::Command,
+    token: &str,
+    fence: u64,
+    others_since: Option<bool>,
+) {
+    command
+        .env("SKILL_LOCK_TOKEN", token)
+        .env("SKILL_LOCK_FENCE", fence.to_string());
+    match others_since {
+        Some(b) => command.env(OTHERS_SINCE_VAR, if b { "true" } else { "false" }),
+        None => command.env_remove(OTHERS_SINCE_VAR),
+    };
+}
+
+/// The variable that tells CMD `run --since`'s answer.
+pub const OTHERS_SINCE_VAR: &str = "SKILL_LOCK_OTHERS_SINCE";

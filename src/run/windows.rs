@@ -51,7 +51,7 @@ const STOPPED_CODE: u32 = 128 + 15;
 
 #[path = "outcome.rs"]
 mod outcome;
-pub use outcome::{Outcome, Ran};
+pub use outcome::{OTHERS_SINCE_VAR, Outcome, Ran, lease_env};
 
 /// Installs the console event handler; call before any other thread starts.
 pub fn prepare() {
@@ -150,12 +150,18 @@ pub fn execute<S: Store + Clone + Send + 'static>(
     let ttl = req.ttl;
     let waited =
         wait::acquire_interruptible(store, key, &req, wait, clock, &mut |d| signals.next(d));
-    let (token, fence, began) = match waited? {
+    let (token, fence, others_since, began) = match waited? {
         Waited::Interrupted(sig) => return Ok(Outcome::Interrupted(sig)),
         Waited::Done {
-            outcome: Acquire::Acquired { token, holder, .. },
+            outcome:
+                Acquire::Acquired {
+                    token,
+                    holder,
+                    others_since,
+                    ..
+                },
             began,
-        } => (token, holder.fence, began),
+        } => (token, holder.fence, others_since, began),
         Waited::Done { outcome, .. } => return Ok(Outcome::NotAcquired(outcome)),
     };
     let release = || {
@@ -165,7 +171,7 @@ pub fn execute<S: Store + Clone + Send + 'static>(
         release();
         return Ok(Outcome::Interrupted(sig));
     }
-    let started = start(program, cmd, &token, fence);
+    let started = start(program, cmd, &token, fence, others_since);
     let (job, child) = match started {
         Ok(s) => s,
         Err(e) => {
@@ -174,7 +180,11 @@ pub fn execute<S: Store + Clone + Send + 'static>(
         }
     };
     let ran = supervise(store, key, &token, ttl, began, &job, child, signals);
-    Ok(Outcome::Ran { fence, ran })
+    Ok(Outcome::Ran {
+        fence,
+        others_since,
+        ran,
+    })
 }
 
 /// Creates CMD suspended, puts it into a new job, then resumes it.
@@ -183,6 +193,7 @@ fn start(
     cmd: &[OsString],
     token: &str,
     fence: u64,
+    others_since: Option<bool>,
 ) -> Result<(Job, std::process::Child)> {
     use windows_sys::Win32::System::Threading::CREATE_SUSPENDED;
     let job = Job::new().map_err(|e| {
@@ -190,10 +201,10 @@ fn start(
             "cannot create the Job Object for the command ({e})"
         ))
     })?;
-    let mut child = std::process::Command::new(program)
-        .args(cmd.iter().skip(1))
-        .env("SKILL_LOCK_TOKEN", token)
-        .env("SKILL_LOCK_FENCE", fence.to_string())
+    let mut command = std::process::Command::new(program);
+    command.args(cmd.iter().skip(1));
+    lease_env(&mut command, token, fence, others_since);
+    let mut child = command
         .creation_flags(CREATE_SUSPENDED)
         .spawn()
         .map_err(|e| {

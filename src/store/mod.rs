@@ -146,6 +146,12 @@ pub struct Written {
     pub fence: u64,
     /// The lease granted, seconds (a network store may raise a short one).
     pub granted_ttl: u64,
+    /// For a new acquisition ([`Change::Create`], [`Change::Takeover`]):
+    /// the fence of the lock's latest acquisition before this one, as the
+    /// store knew it in the same atomic step (`None`: it knows of none).
+    /// The engine answers `--since` from it (SPEC §2.1). Not set for a
+    /// renewal.
+    pub prior_fence: Option<u64>,
 }
 
 impl Written {
@@ -156,7 +162,15 @@ impl Written {
             fence: record.holder.fence,
             granted_ttl: record.holder.ttl,
             record,
+            prior_fence: None,
         }
+    }
+
+    /// The same, with the fence of the acquisition before this one.
+    #[must_use]
+    pub fn with_prior(mut self, prior_fence: Option<u64>) -> Self {
+        self.prior_fence = prior_fence;
+        self
     }
 
     /// The holder as written, with the fence and the ttl granted.
@@ -253,6 +267,21 @@ pub trait Store {
     /// I/O or network failure.
     fn read(&self, key: &LockKey) -> Result<Current>;
 
+    /// The fence of the lock's latest acquisition, held or not (`None`: the
+    /// store knows of none), for `status` of a lock that is not held
+    /// (SPEC §2.4). Read-only: it creates nothing.
+    ///
+    /// # Exactness
+    /// A fence it returns belongs to an acquisition that a [`Store::read`]
+    /// begun after it returns sees (held, or already replaced or released):
+    /// never to one still on its way to being published. It is the value
+    /// an acquisition made next reports as [`Written::prior_fence`] when
+    /// nothing changed in between.
+    ///
+    /// # Errors
+    /// I/O or network failure.
+    fn last_fence(&self, key: &LockKey) -> Result<Option<u64>>;
+
     /// Runs `decide` on the current state and applies its change, atomically
     /// with respect to every other `update` of the same lock.
     ///
@@ -326,6 +355,10 @@ impl Store for AnyStore {
 
     fn read(&self, key: &LockKey) -> Result<Current> {
         each_store!(self, s => s.read(key))
+    }
+
+    fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
+        each_store!(self, s => s.last_fence(key))
     }
 
     fn update<T>(

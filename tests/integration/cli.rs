@@ -662,6 +662,12 @@ fn bad_input_is_refused_with_nothing_created() {
             &["acquire", "s", "--repo", "a/b", "--owner-pid", "2147483647"],
             "invalid_pid",
         ),
+        (&["acquire", "s", "--repo", "a/b", "--since", "-1"], "usage"),
+        (
+            &["acquire", "s", "--repo", "a/b", "--since", "fence"],
+            "usage",
+        ),
+        (&["acquire", "s", "--repo", "a/b", "--since", ""], "usage"),
         (&["acquire", "s"], "usage"),
         (&["check", "s", "--repo", "a/b"], "usage"),
         (&["frobnicate"], "usage"),

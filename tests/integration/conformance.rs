@@ -5,10 +5,11 @@
 //! (`host:port[,host:port]`); without it the etcd half is skipped visibly, and
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` (set by CI) turns the skip into a failure.
 //!
-//! Covers: SPEC §2, §7, §8.
+//! Covers: SPEC §2, §2.1, §2.4, §7, §8.
 
 use crate::common;
 
+use common::verbs::{Lock, Reply};
 use common::{Cmd, TestEnv, Value};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -71,6 +72,17 @@ impl Backend {
             None => cmd,
         }
     }
+    /// The lock (`skill`, `repo`) in this store, as the typed verbs reach it.
+    fn lock(&self, cwd: &Path, skill: &str, repo: &str) -> Lock {
+        let lock = Lock::new(cwd, skill, repo).with_env("SKILL_LOCK_STORE", &self.url);
+        match &self.git {
+            Some((cache, _)) => lock
+                .with_env("SKILL_LOCK_GIT_CACHE", cache)
+                .with_env("SKILL_LOCK_CLOCK_SKEW", "0"),
+            None => lock,
+        }
+    }
+
     /// The shortest ttl both stores grant exactly (etcd's minimum is 2 s by default).
     fn short_ttl(&self) -> &'static str {
         "2"
@@ -560,5 +572,202 @@ fn a_dead_first_endpoint_does_not_fail_the_command() {
             .args(["release", "s", "--repo", "o/r", "--store", &url])
             .run()
             .expect(0, "released");
+    }
+}
+
+/// The fence of an `acquired` reply.
+#[track_caller]
+fn fence_of(r: &Reply) -> u64 {
+    match r {
+        Reply::Acquired { fence, .. } => *fence,
+        other => panic!("not acquired: {other:?}"),
+    }
+}
+
+/// `status` of a lock, split: its state and its fence.
+#[track_caller]
+fn status_of(lock: &Lock) -> (String, Option<u64>) {
+    match lock.status() {
+        Reply::Status { state, fence, .. } => (state, fence),
+        other => panic!("not a status: {other:?}"),
+    }
+}
+
+/// Acquires with `--since` the fence `status` shows now, after `between` ran.
+#[track_caller]
+fn since_status(lock: &Lock, between: impl FnOnce()) -> Reply {
+    let since = lock.status_fence();
+    between();
+    lock.acquire_since(since, &[])
+}
+
+#[test]
+fn status_shows_the_latest_fence_and_since_tells_of_others() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    for b in backends(&env) {
+        let lock = b.lock(&cwd, "since", "o/r");
+        let other = b.lock(&cwd, "since", "O/R");
+        assert_eq!(status_of(&lock), ("free".into(), None), "{}", b.url);
+        // Never acquired, status showed null: nobody since.
+        let a = since_status(&lock, || {});
+        assert_eq!(a.others_since(), Some(false), "{}", b.url);
+        let f = fence_of(&a);
+        assert_eq!(status_of(&lock), ("held".into(), Some(f)));
+        lock.release(a.token());
+        // Free, and still the fence of its latest acquisition.
+        assert_eq!(status_of(&lock), ("free".into(), Some(f)), "{}", b.url);
+        // Nobody in between.
+        let a = since_status(&lock, || {});
+        assert_eq!(a.others_since(), Some(false), "{}", b.url);
+        lock.release(a.token());
+        // Another run acquired and released in between.
+        let a = since_status(&lock, || {
+            let o = other.acquire();
+            other.release(o.token());
+        });
+        assert_eq!(a.others_since(), Some(true), "{}", b.url);
+        lock.release(a.token());
+        // Without --since nothing is said, whatever happened.
+        let a = lock.acquire();
+        assert_eq!(a.others_since(), None);
+        lock.release(a.token());
+        // A fence above anything the store knows (its history was reset or
+        // trimmed, or the fence came from elsewhere): it cannot tell.
+        let known = lock.status_fence().unwrap();
+        let a = lock.acquire_since(Some(known + 1000), &[]);
+        assert_eq!(a.others_since(), Some(true), "{}", b.url);
+        lock.release(a.token());
+        // Status showed a stale lock (its owner died): taking it over says
+        // nobody else came.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id().to_string();
+        let dead = other.acquire_with(&["--owner-pid", &pid]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let (state, since) = status_of(&lock);
+        assert_eq!((state.as_str(), since), ("stale", Some(fence_of(&dead))));
+        let a = lock.acquire_since(since, &[]);
+        assert!(
+            matches!(
+                &a,
+                Reply::Acquired {
+                    took_over: Some(_),
+                    ..
+                }
+            ),
+            "{a:?}"
+        );
+        assert_eq!(a.others_since(), Some(false), "{}", b.url);
+        lock.release(a.token());
+        // Another run took the lock and its lease ran out: taken over in
+        // between, it still counts.
+        let a = since_status(&lock, || {
+            other.acquire_with(&["--ttl", b.short_ttl()]);
+            std::thread::sleep(Duration::from_millis(3200));
+        });
+        assert_eq!(a.others_since(), Some(true), "{}", b.url);
+        lock.release(a.token());
+    }
+}
+
+#[test]
+fn run_since_tells_cmd_and_its_result() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    for b in backends(&env) {
+        // An outer run's answer in the environment never reaches this CMD.
+        let lock = b
+            .lock(&cwd, "since-run", "o/r")
+            .with_env("SKILL_LOCK_OTHERS_SINCE", "inherited");
+        let show = ["--", "sh", "-c", "echo \"[$SKILL_LOCK_OTHERS_SINCE]\""];
+        let since = lock
+            .status_fence()
+            .map_or_else(|| "null".to_owned(), |f| f.to_string());
+        let with_since: Vec<&str> = ["--since", since.as_str()]
+            .into_iter()
+            .chain(show)
+            .collect();
+        let out = lock.cmd("run", &with_since).run();
+        let ran = common::verbs::run_reply(&out);
+        assert_eq!(
+            (out.stdout.as_str(), ran.others_since()),
+            ("[false]\n", Some(false)),
+            "{}: {}",
+            b.url,
+            out.stderr
+        );
+        let a = lock.acquire();
+        lock.release(a.token());
+        let out = lock.cmd("run", &with_since).run();
+        let ran = common::verbs::run_reply(&out);
+        assert_eq!(
+            (out.stdout.as_str(), ran.others_since()),
+            ("[true]\n", Some(true)),
+            "{}",
+            b.url
+        );
+        let out = lock.cmd("run", &show).run();
+        let ran = common::verbs::run_reply(&out);
+        assert_eq!((out.stdout.as_str(), ran.others_since()), ("[]\n", None));
+    }
+}
+
+/// Runs that each read the lock's fence with `status` and then acquire with
+/// `--since`, overlapping: a run must hear `true` exactly when another
+/// acquisition came between its `status` and its own acquisition. Judged by
+/// fences alone, which grow with every acquisition on every store (on etcd
+/// they are revisions, so they are compared only with the fences the runs
+/// were handed, never counted).
+#[test]
+fn overlapping_runs_hear_of_every_acquisition_since_their_status() {
+    const RUNS: usize = 6;
+    const ROUNDS: usize = 3;
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    for b in backends(&env) {
+        let lock = b.lock(&cwd, "since-race", "o/r");
+        let seen: Vec<(u64, u64, bool)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..RUNS)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..ROUNDS)
+                            .map(|_| {
+                                let since = lock.status_fence();
+                                let a = lock.acquire_since(since, &["--wait", "60"]);
+                                let got = (since.unwrap_or(0), fence_of(&a), a.others_since());
+                                lock.release(a.token());
+                                (got.0, got.1, got.2.unwrap())
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        let fences: std::collections::BTreeSet<u64> = seen.iter().map(|r| r.1).collect();
+        assert_eq!(fences.len(), RUNS * ROUNDS, "{}: fences repeat", b.url);
+        let mut told = 0;
+        for &(since, fence, others) in &seen {
+            assert!(since < fence, "{}: {since} then {fence}", b.url);
+            let between = fences.range(since + 1..fence).next().is_some();
+            assert_eq!(
+                others, between,
+                "{}: status showed {since}, acquired {fence}, fences {fences:?}",
+                b.url
+            );
+            told += usize::from(others);
+        }
+        eprintln!(
+            "{}: {} acquisitions, {told} told of others since their status",
+            b.url,
+            seen.len()
+        );
     }
 }

@@ -4,10 +4,11 @@
 //! read-only layers, pid namespaces and other machines. Each test fails on
 //! the code before its fix.
 //!
-//! Covers: SPEC §5, §6, §7.
+//! Covers: SPEC §2.1, §2.4, §5, §6, §7.
 
 use crate::common;
 
+use common::verbs::{Lock, Reply};
 use common::{BIN, Cmd, TestEnv, Value};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -613,4 +614,62 @@ fn in_private_mounts(repo: &Path, script: &str) -> Option<common::Out> {
             None
         }
     }
+}
+
+/// `status`'s fence of a free lock and `--since` when the store forgot
+/// fences: the counter alone removed (the history still knows), the counter
+/// and the history removed, the counter set back below the fence `status`
+/// showed. A read creates nothing, not even the guard.
+#[test]
+fn since_a_fence_the_store_forgot_cannot_be_answered_false() {
+    let env = TestEnv::new();
+    let repo = bare_checkout(&env, "r");
+    let lock = Lock::new(&repo, "s", "o/r");
+    let run = run_dir(&repo);
+    let counter = run.join(format!("keys/{NAME}.fence"));
+    let forget_history = || {
+        for name in ["history.jsonl", "history.1.jsonl"] {
+            let _ = std::fs::remove_file(run.join(name));
+        }
+    };
+    let cycle = |since: Option<u64>| {
+        let a = lock.acquire_since(since, &[]);
+        assert!(matches!(a, Reply::Acquired { .. }), "{a:?}");
+        lock.release(a.token());
+        a.others_since().unwrap()
+    };
+    assert_eq!(lock.status_fence(), None);
+    assert!(
+        !repo.join(".git/apache-magpie").exists(),
+        "status created the layer"
+    );
+    for _ in 0..3 {
+        assert!(!cycle(lock.status_fence()));
+    }
+    assert_eq!(lock.status_fence(), Some(3));
+    // The counter alone removed: the history still names fence 3.
+    let since = lock.status_fence();
+    std::fs::remove_file(&counter).unwrap();
+    assert!(!cycle(since), "the history still knows the last fence");
+    // Counter and history gone: the store cannot tell.
+    let since = lock.status_fence();
+    assert_eq!(since, Some(4));
+    std::fs::remove_file(&counter).unwrap();
+    forget_history();
+    assert!(cycle(since), "after the counter and history were removed");
+    for _ in 0..3 {
+        cycle(None);
+    }
+    // The counter set back below the fence status showed, the history gone.
+    let since = lock.status_fence().unwrap();
+    std::fs::write(&counter, "1\n").unwrap();
+    forget_history();
+    assert!(cycle(Some(since)), "after the counter was set back");
+    // With `keys/` removed by hand (no guard to take), status reads the
+    // history, and creates nothing.
+    let last = lock.status_fence().unwrap();
+    std::fs::remove_dir_all(run.join("keys")).unwrap();
+    assert_eq!(lock.status_fence(), Some(last));
+    assert!(!run.join("keys").exists(), "status created keys/");
+    assert!(!cycle(Some(last)));
 }

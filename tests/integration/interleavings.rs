@@ -646,6 +646,7 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
         note: None,
         owner_pid: None,
         owner_pgid: None,
+        since: None,
     };
     let stop = AtomicBool::new(false);
     let reads = AtomicUsize::new(0);

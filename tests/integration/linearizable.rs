@@ -994,6 +994,10 @@ mod planted {
             Ok(g.0.get(&key.name()).cloned().unwrap_or(Current::Free))
         }
 
+        fn last_fence(&self, _: &LockKey) -> Result<Option<u64>> {
+            Ok(Some(self.state.lock().unwrap().1).filter(|f| *f > 0))
+        }
+
         fn update<T>(
             &self,
             key: &LockKey,
@@ -1056,6 +1060,7 @@ mod planted {
                     note: None,
                     owner_pid: None,
                     owner_pgid: None,
+                    since: None,
                 };
                 match engine::acquire(store, &key, &req, &ctx).unwrap() {
                     Acquire::Acquired { token, holder, .. } => Ret::Acquired {
@@ -1102,7 +1107,7 @@ mod planted {
                 Check::NotHeld => Ret::NotHeld { ret_ms: wall_ms() },
                 Check::Expired { .. } => Ret::Expired,
             },
-            Op::Status => match engine::status(store, &key, &ctx).unwrap() {
+            Op::Status => match engine::status(store, &key, &ctx).unwrap().state {
                 State::Held { holder, .. } => Ret::StatusHeld {
                     fence: Some(holder.fence),
                 },

@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! <prefix>locks/<name>        the owner record (JSON), attached to its own etcd lease
+//! <prefix>fences/<name>       the fence marker: put (no lease) by every acquisition in
+//!                             its transaction; its mod_revision is the latest fence
 //! <prefix>history/<ns>-<rand> one history event (JSON), written in the same transaction
 //! ```
 //!
@@ -43,7 +45,7 @@ mod round;
 use client::{Client, Security};
 pub use config::EtcdConfig;
 use config::security;
-use round::{View, read_key};
+use round::{View, read_key, read_marker};
 
 use crate::error::{Error, Result};
 use crate::history::Event;
@@ -101,6 +103,12 @@ impl EtcdStore {
     fn lock_key(&self, key: &LockKey) -> String {
         format!("{}locks/{}", self.config.prefix, key.name())
     }
+
+    /// The lock's fence marker (outside `locks/` and `history/`, so `list`
+    /// and `history` never see it).
+    fn fence_key(&self, key: &LockKey) -> String {
+        format!("{}fences/{}", self.config.prefix, key.name())
+    }
 }
 
 impl Store for EtcdStore {
@@ -118,6 +126,18 @@ impl Store for EtcdStore {
             let k = k.clone();
             async move { read_key(&mut c, &k, View::Reader).await.map(|s| s.current) }
         })
+    }
+
+    /// The marker's `mod_revision`: the revision of the transaction of the
+    /// latest acquisition, which wrote the lock key in the same step, so it
+    /// names no acquisition that a later read of the lock does not show.
+    fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
+        let mk = self.fence_key(key);
+        let revision = self.call(|mut c, _| {
+            let mk = mk.clone();
+            async move { read_marker(&mut c, &mk).await }
+        })?;
+        Ok(u64::try_from(revision).ok().filter(|f| *f > 0))
     }
 
     fn update<T>(

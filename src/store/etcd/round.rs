@@ -89,6 +89,12 @@ pub(super) async fn read_key(
     })
 }
 
+/// The `mod_revision` of a lock's fence marker ([`Marker`]); 0 when absent.
+pub(super) async fn read_marker(client: &mut Client, mk: &str) -> Result<i64, CallError> {
+    let resp = client.range(client::get(mk)).await?;
+    Ok(resp.kvs.first().map_or(0, |kv| kv.mod_revision))
+}
+
 /// A fence is a revision the cluster once had: a record whose fence is past
 /// the cluster's current revision means the revisions went backwards (a
 /// restore from a snapshot without `--bump-revision`), and fences handed out
@@ -126,22 +132,50 @@ pub(super) struct Plan {
     pub(super) bytes: Option<Vec<u8>>,
 }
 
+/// A lock's fence marker, `<prefix>fences/<name>`: every acquisition (create
+/// or takeover) puts it, with no lease, in its own transaction, so its
+/// `mod_revision` is the fence of the lock's latest acquisition, across
+/// releases and expiries (SPEC §2.4, `--since` of §2.1).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Marker<'a> {
+    /// The marker's key.
+    pub(super) key: &'a str,
+    /// Its `mod_revision` as read for the decision (0: absent).
+    pub(super) seen_mod: i64,
+}
+
+/// The fence of the acquisition before the one about to be made on `seen`:
+/// the marker's revision, or for a lock acquired before markers existed
+/// the record's fence (a corrupt record: its key's revision, which is no
+/// older than its acquisition). The greatest of them, so an acquisition
+/// the marker missed is never taken for no acquisition at all.
+pub(super) fn prior_fence(marker_mod: i64, seen: &KeyState) -> Option<u64> {
+    let marker = u64::try_from(marker_mod).unwrap_or(0);
+    let lock = match seen.current.record() {
+        Some(rec) => rec.holder.fence,
+        None => u64::try_from(seen.mod_revision).unwrap_or(0),
+    };
+    Some(marker.max(lock)).filter(|f| *f > 0)
+}
+
 /// Plans the transaction for `change` on key `k` as seen at `seen_mod`
 /// (0: absent): the guard (`create_revision == 0` to create, `mod_revision
 /// == seen` for everything else), the put of `record` on `lease`, or the
-/// delete, and the history events (`history`: key and JSON of each).
+/// delete, and the history events (`history`: key and JSON of each). An
+/// acquisition also puts its `marker`, guarded on the revision read of it,
+/// so the fence it reports to follow is the one before it.
 pub(super) fn plan(
     k: &str,
     seen_mod: i64,
     change: &Change,
-    record: Option<&OwnerRecord>,
-    lease: i64,
+    (record, lease): (Option<&OwnerRecord>, i64),
+    marker: Option<Marker>,
     history: Vec<(String, Vec<u8>)>,
 ) -> Result<Plan> {
-    let guard = match change {
+    let mut guard = vec![match change {
         Change::Create(_) => client::created_at(k, 0),
         _ => client::modified_at(k, seen_mod),
-    };
+    }];
     let mut ops = Vec::new();
     let mut bytes = None;
     let kind = match (change, record) {
@@ -150,15 +184,24 @@ pub(super) fn plan(
             ops.push(client::delete(k));
             Some(Kind::Delete)
         }
-        (Change::Create(_) | Change::Takeover(_) | Change::Rewrite(_), Some(rec)) => {
+        (Change::Rewrite(_), Some(rec)) => {
             let b = rec.to_bytes()?;
             ops.push(client::put(k, b.clone(), lease));
             bytes = Some(b);
-            Some(if matches!(change, Change::Rewrite(_)) {
-                Kind::Rewrite
-            } else {
-                Kind::Acquisition
-            })
+            Some(Kind::Rewrite)
+        }
+        (Change::Create(_) | Change::Takeover(_), Some(rec)) => {
+            let Some(marker) = marker else {
+                return Err(Error::Internal(
+                    "an acquisition came without its fence marker".into(),
+                ));
+            };
+            let b = rec.to_bytes()?;
+            ops.push(client::put(k, b.clone(), lease));
+            ops.push(client::put(marker.key, k.as_bytes().to_vec(), 0));
+            guard.push(client::modified_at(marker.key, marker.seen_mod));
+            bytes = Some(b);
+            Some(Kind::Acquisition)
         }
         (_, None) => {
             return Err(Error::Internal(
@@ -173,7 +216,7 @@ pub(super) fn plan(
     );
     Ok(Plan {
         txn: TxnRequest {
-            compare: vec![guard],
+            compare: guard,
             success: ops,
             failure: Vec::new(),
         },
@@ -195,6 +238,8 @@ pub(super) struct Pending<T> {
     seen_create_revision: i64,
     /// An acquisition written on the short lease: the ttl it asked for.
     extend: Option<u64>,
+    /// An acquisition: the fence it follows (see [`prior_fence`]).
+    prior: Option<u64>,
 }
 
 impl<T> Pending<T> {
@@ -216,7 +261,7 @@ impl<T> Pending<T> {
     /// host computed, never the reader's view of them), its fence the key's
     /// revision when it was a new acquisition.
     fn written(&self, seen: &KeyState) -> Option<Written> {
-        written(self.record.clone(), seen.mod_revision)
+        written(self.record.clone(), seen.mod_revision).map(|w| w.with_prior(self.prior))
     }
 }
 
@@ -252,6 +297,7 @@ impl EtcdStore {
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
     ) -> Result<Committed<T>> {
         let k = self.lock_key(key);
+        let mk = self.fence_key(key);
         // One deadline for the whole command, settling included (SPEC §8).
         let deadline = Instant::now() + self.config.timeout;
         self.runtime.block_on(async {
@@ -263,19 +309,20 @@ impl EtcdStore {
                     Err(e) => return Err(self.abandon(pending, e, deadline).await),
                 };
                 let left = deadline.saturating_duration_since(Instant::now());
-                let round = self.round(&mut c, &k, decide, &mut pending, deadline);
+                let round = self.round(&mut c, (&k, &mk), decide, &mut pending, deadline);
                 match tokio::time::timeout(left, round).await {
                     Ok(Ok(Round::Done(mut committed, old_lease, extension))) => {
                         // The acquisition is known to have landed: move it
                         // onto its full ttl, if the deadline allows.
                         if let (Some(ext), Some(w)) = (extension, committed.written.as_ref()) {
                             let left = deadline.saturating_duration_since(Instant::now());
+                            let prior = w.prior_fence;
                             let moved = tokio::time::timeout(
                                 left,
                                 self.extend(&mut c, &k, &w.record, &ext),
                             );
                             if let Ok(Some(w)) = moved.await {
-                                committed.written = Some(w);
+                                committed.written = Some(w.with_prior(prior));
                             }
                         }
                         self.clean_up(&mut c, old_lease, deadline).await;
@@ -305,11 +352,12 @@ impl EtcdStore {
     }
 
     /// One read-decide-act round on one connection: settle the change
-    /// whose answer was lost, decide, write.
+    /// whose answer was lost, decide, write. `k` is the lock's key, `mk`
+    /// its fence marker's ([`Marker`]), read only for an acquisition.
     pub(super) async fn round<T>(
         &self,
         c: &mut Client,
-        k: &str,
+        (k, mk): (&str, &str),
         decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
         pending: &mut Option<Pending<T>>,
         deadline: Instant,
@@ -345,12 +393,20 @@ impl EtcdStore {
         let history = self.history_ops(&events)?;
         let record = leased.as_ref().map(|l| &l.record);
         let lease = leased.as_ref().map_or(0, |l| l.id);
+        let marker = match decision.change {
+            Change::Create(_) | Change::Takeover(_) => Some(Marker {
+                key: mk,
+                seen_mod: read_marker(c, mk).await?,
+            }),
+            _ => None,
+        };
+        let prior = marker.and_then(|m| prior_fence(m.seen_mod, &seen));
         let plan = plan(
             k,
             seen.mod_revision,
             &decision.change,
-            record,
-            lease,
+            (record, lease),
+            marker,
             history,
         )
         .map_err(CallError::Fatal)?;
@@ -369,6 +425,7 @@ impl EtcdStore {
             bytes: plan.bytes,
             lease,
             seen_create_revision: seen.create_revision,
+            prior,
         });
         self.commit(c, plan.txn, pending, seen.lease, deadline)
             .await
@@ -408,7 +465,7 @@ impl EtcdStore {
             ttl,
         });
         let committed = Committed {
-            written: written(attempt.record, revision),
+            written: written(attempt.record, revision).map(|w| w.with_prior(attempt.prior)),
             value: attempt.value,
         };
         Ok(Round::Done(committed, old_lease, extension))
@@ -518,18 +575,36 @@ mod tests {
         use proto::request_op::Request;
         let rec = crate::record::tests::sample(None);
         let history = vec![("/p/history/1".to_owned(), b"{}".to_vec())];
+        let marker = |seen_mod| {
+            Some(Marker {
+                key: "/p/fences/k",
+                seen_mod,
+            })
+        };
         let create = plan(
             "/p/locks/k",
             0,
             &Change::Create(rec.clone()),
-            Some(&rec),
-            77,
+            (Some(&rec), 77),
+            marker(0),
             history.clone(),
         )
         .unwrap();
         assert_eq!(target(&create.txn.compare[0]), Some(CreateRevision(0)));
+        assert_eq!(
+            (
+                create.txn.compare[1].key.as_slice(),
+                target(&create.txn.compare[1])
+            ),
+            (b"/p/fences/k".as_slice(), Some(ModRevision(0))),
+            "the marker as read (absent)"
+        );
         assert_eq!(create.kind, Some(Kind::Acquisition));
-        assert_eq!(create.txn.success.len(), 2, "the record and one event");
+        assert_eq!(
+            create.txn.success.len(),
+            3,
+            "the record, the marker and one event"
+        );
         let Some(Request::RequestPut(put)) = &create.txn.success[0].request else {
             panic!("the first op puts the record");
         };
@@ -537,8 +612,12 @@ mod tests {
             (put.lease, put.value.as_slice()),
             (77, rec.to_bytes().unwrap().as_slice())
         );
-        let Some(Request::RequestPut(ev)) = &create.txn.success[1].request else {
-            panic!("the second op puts the event");
+        let Some(Request::RequestPut(m)) = &create.txn.success[1].request else {
+            panic!("the second op puts the marker");
+        };
+        assert_eq!((m.key.as_slice(), m.lease), (b"/p/fences/k".as_slice(), 0));
+        let Some(Request::RequestPut(ev)) = &create.txn.success[2].request else {
+            panic!("the third op puts the event");
         };
         assert_eq!(
             (ev.key.as_slice(), ev.lease),
@@ -549,42 +628,94 @@ mod tests {
             "/p/locks/k",
             41,
             &Change::Takeover(rec.clone()),
-            Some(&rec),
-            78,
+            (Some(&rec), 78),
+            marker(40),
             Vec::new(),
         )
         .unwrap();
         assert_eq!(target(&take.txn.compare[0]), Some(ModRevision(41)));
+        assert_eq!(target(&take.txn.compare[1]), Some(ModRevision(40)));
         assert_eq!(take.kind, Some(Kind::Acquisition));
+        assert!(
+            plan(
+                "/p/locks/k",
+                41,
+                &Change::Takeover(rec.clone()),
+                (Some(&rec), 78),
+                None,
+                Vec::new(),
+            )
+            .is_err(),
+            "an acquisition never goes without its marker"
+        );
         let renew = plan(
             "/p/locks/k",
             42,
             &Change::Rewrite(rec.clone()),
-            Some(&rec),
-            79,
+            (Some(&rec), 79),
+            None,
             Vec::new(),
         )
         .unwrap();
         assert_eq!(renew.kind, Some(Kind::Rewrite));
+        assert_eq!(
+            (renew.txn.compare.len(), renew.txn.success.len()),
+            (1, 1),
+            "a renewal leaves the marker alone"
+        );
         assert_eq!(renew.bytes, Some(rec.to_bytes().unwrap()));
-        let delete = plan("/p/locks/k", 43, &Change::Delete, None, 0, Vec::new()).unwrap();
+        let delete = plan(
+            "/p/locks/k",
+            43,
+            &Change::Delete,
+            (None, 0),
+            None,
+            Vec::new(),
+        )
+        .unwrap();
         assert_eq!(target(&delete.txn.compare[0]), Some(ModRevision(43)));
         assert!(matches!(
             delete.txn.success[0].request,
             Some(Request::RequestDeleteRange(_))
         ));
-        let keep = plan("/p/locks/k", 43, &Change::Keep, None, 0, Vec::new()).unwrap();
+        let keep = plan("/p/locks/k", 43, &Change::Keep, (None, 0), None, Vec::new()).unwrap();
         assert_eq!((keep.kind, keep.txn.success.len()), (None, 0));
         assert!(
             plan(
                 "/p/locks/k",
                 0,
                 &Change::Create(rec.clone()),
-                None,
-                0,
+                (None, 0),
+                marker(0),
                 Vec::new()
             )
             .is_err()
+        );
+    }
+
+    #[test]
+    fn the_prior_fence_is_the_markers_or_an_older_records() {
+        let mut rec = crate::record::tests::sample(None);
+        rec.holder.fence = 30;
+        let free = KeyState {
+            mod_revision: 0,
+            ..seen(Current::Free, 0, Vec::new())
+        };
+        assert_eq!(prior_fence(0, &free), None, "never acquired");
+        assert_eq!(prior_fence(25, &free), Some(25), "released since");
+        let stale = seen(held(&rec), 30, Vec::new());
+        assert_eq!(prior_fence(30, &stale), Some(30), "the stale lock's own");
+        assert_eq!(
+            prior_fence(0, &stale),
+            Some(30),
+            "a record from before markers"
+        );
+        assert_eq!(prior_fence(12, &stale), Some(30), "the marker missed one");
+        let corrupt = seen(Current::Corrupt("x".into()), 9, Vec::new());
+        assert_eq!(
+            prior_fence(0, &corrupt),
+            Some(9),
+            "an unreadable record's key"
         );
     }
 
@@ -601,6 +732,7 @@ mod tests {
             lease: 5,
             seen_create_revision: 3,
             extend: None,
+            prior: None,
         };
         let acq = pending(Kind::Acquisition, None);
         assert!(acq.landed(&seen(held(&ours), 3, Vec::new())));

@@ -35,6 +35,10 @@
 //!   newest fence the lock's history names, and the counter is written (by
 //!   rename) before the lock that carries the new fence is published, so a
 //!   fence never repeats, even after the counter was set back or removed;
+//! - the latest fence of a lock that holds no record ([`Store::last_fence`],
+//!   for `status`) is the same maximum without a record, read under the
+//!   guard taken shared, so it never names a fence whose lock is not
+//!   published yet; a read creates nothing, not even the guard;
 //! - on a network file system, a record written by another machine is
 //!   refused (`store_unavailable`), since there `flock` is not coherent.
 
@@ -185,30 +189,36 @@ impl FileStore {
     }
 }
 
-impl Parts {
-    /// The next fence: one more than every fence the store still knows of
-    /// for this lock, the counter, the record in place (`seen_fence`) and
-    /// the newest fence of its history (SPEC §7 "Fences never repeat").
-    ///
-    /// A damaged counter (a power cut, a hand edit, something planted) is
-    /// reported and rebuilt; one set back by hand is overtaken by the record
-    /// or the history. A fence at `u64::MAX` (counter, record or history,
-    /// which a repository can plant under rule 3) refuses rather than wrap,
-    /// naming each file that holds it and how to clear it (SPEC §5: planted
-    /// state never leaves a lock with no way out).
-    fn next_fence(&self, key: &LockKey, seen_fence: u64) -> Result<u64> {
+/// The fences the store knows of for `key` apart from its record: the
+/// counter (`keys/<name>.fence`) and the newest fence its history names
+/// (with the history file that names it). Read under the lock's guard, so
+/// no acquisition is half-way between writing the counter and publishing
+/// its lock.
+struct Known {
+    /// The counter (0: absent or damaged).
+    counter: u64,
+    /// The newest fence of the lock's history (0: none, or unreadable).
+    history: u64,
+    /// The history file that names it.
+    history_file: Option<PathBuf>,
+}
+
+impl Known {
+    /// A damaged counter (a power cut, a hand edit, something planted)
+    /// counts as none, and is reported when `warn` (it is about to be
+    /// rebuilt); the history is read best-effort.
+    fn read(keys: &Dir, run: &Dir, key: &LockKey, warn: bool) -> Result<Self> {
         let name = format!("{}.fence", key.name());
-        let path = self.keys.join(&name);
-        let stored = match self.keys.read_small(&name) {
+        let counter = match keys.read_small(&name) {
             Ok(Some(t)) => {
                 let parsed = std::str::from_utf8(&t)
                     .ok()
                     .and_then(|t| t.trim().parse::<u64>().ok());
-                if parsed.is_none() {
+                if parsed.is_none() && warn {
                     eprintln!(
                         "skill-lock: warning: the fence counter {} was damaged ({:?}); \
                          rebuilt from the lock and its history",
-                        path.display(),
+                        keys.join(&name).display(),
                         String::from_utf8_lossy(&t[..t.len().min(40)])
                     );
                 }
@@ -216,65 +226,102 @@ impl Parts {
             }
             Ok(None) => 0,
             Err(e @ Error::Untrusted { .. }) => {
-                eprintln!("skill-lock: warning: {e}; the fence counter is rebuilt");
+                if warn {
+                    eprintln!("skill-lock: warning: {e}; the fence counter is rebuilt");
+                }
                 0
             }
             Err(e) => return Err(e),
         };
-        let (history, history_file) =
-            history::newest_fence(&self.run, &key.name()).unwrap_or_else(|e| {
+        let (history, history_file) = history::newest_fence(run, &key.name()).unwrap_or_else(|e| {
+            if warn {
                 eprintln!("skill-lock: warning: the history could not be read for the fence ({e})");
-                (0, None)
-            });
-        let next = stored.max(seen_fence).max(history).checked_add(1);
-        next.ok_or_else(|| {
-            // No run reaches this fence: the file that holds it was planted
-            // or damaged. Name every such file, and how to go on.
-            let record = self.locks.join(lock_name(key)).join(RECORD);
-            let at_max: Vec<PathBuf> = [
-                (stored, Some(path)),
-                (seen_fence, Some(record)),
-                (history, history_file),
-            ]
-            .into_iter()
-            .filter(|(fence, _)| *fence == u64::MAX)
-            .filter_map(|(_, file)| file)
-            .collect();
-            let names = at_max
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(" and ");
-            Error::Untrusted {
-                path: at_max
-                    .first()
-                    .cloned()
-                    .unwrap_or_else(|| self.keys.join(&name)),
-                why: format!(
-                    "the lock's fence is at 18446744073709551615 in {names}, a value no real \
-                     run reaches (planted or damaged), so no later fence exists"
-                ),
-                fix: format!("delete {names}; fences then go on above every fence that remains"),
             }
+            (0, None)
+        });
+        Ok(Self {
+            counter,
+            history,
+            history_file,
         })
     }
 
+    /// The newest of them.
+    fn newest(&self) -> u64 {
+        self.counter.max(self.history)
+    }
+}
+
+/// The newest fence the store knows of for `key` apart from its record.
+fn known_fence(keys: &Dir, run: &Dir, key: &LockKey, warn: bool) -> Result<u64> {
+    Known::read(keys, run, key, warn).map(|k| k.newest())
+}
+
+impl Parts {
+    /// The fence of the lock's latest acquisition as far as the store still
+    /// knows (the counter, the record in place, `seen_fence`, and the newest
+    /// fence of its history), and the next fence: one more (SPEC §7 "Fences
+    /// never repeat"). A counter set back by hand is overtaken by the
+    /// record or the history. A fence at `u64::MAX` (counter, record or
+    /// history, which a repository can plant under rule 3) refuses rather
+    /// than wrap, naming each file that holds it and how to clear it (SPEC
+    /// §5: planted state never leaves a lock with no way out).
+    fn next_fence(&self, key: &LockKey, seen_fence: u64) -> Result<(u64, u64)> {
+        let known = Known::read(&self.keys, &self.run, key, true)?;
+        let base = known.newest().max(seen_fence);
+        let next = base
+            .checked_add(1)
+            .ok_or_else(|| self.at_max(key, &known, seen_fence))?;
+        Ok((base, next))
+    }
+
+    /// The error for a fence at `u64::MAX`: no run reaches it, so the file
+    /// that holds it was planted or damaged. Names every such file, and how
+    /// to go on.
+    fn at_max(&self, key: &LockKey, known: &Known, seen_fence: u64) -> Error {
+        let counter = self.keys.join(format!("{}.fence", key.name()));
+        let record = self.locks.join(lock_name(key)).join(RECORD);
+        let at_max: Vec<PathBuf> = [
+            (known.counter, Some(counter.clone())),
+            (seen_fence, Some(record)),
+            (known.history, known.history_file.clone()),
+        ]
+        .into_iter()
+        .filter(|(fence, _)| *fence == u64::MAX)
+        .filter_map(|(_, file)| file)
+        .collect();
+        let names = at_max
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ");
+        Error::Untrusted {
+            path: at_max.first().cloned().unwrap_or(counter),
+            why: format!(
+                "the lock's fence is at 18446744073709551615 in {names}, a value no real \
+                 run reaches (planted or damaged), so no later fence exists"
+            ),
+            fix: format!("delete {names}; fences then go on above every fence that remains"),
+        }
+    }
+
     /// Gives `rec` the lock's next fence, written to the counter first, so
-    /// the counter never falls behind a published fence.
+    /// the counter never falls behind a published fence; also returns the
+    /// fence it follows (`None`: the store knew of no acquisition).
     fn with_next_fence(
         &self,
         key: &LockKey,
         mut rec: OwnerRecord,
         seen_fence: u64,
-    ) -> Result<OwnerRecord> {
-        let fence = self.next_fence(key, seen_fence)?;
+    ) -> Result<(OwnerRecord, Option<u64>)> {
+        let (prior, fence) = self.next_fence(key, seen_fence)?;
         rec.holder.fence = fence;
         self.keys.replace(
             &format!("{}.fence.tmp", key.name()),
             format!("{}.fence", key.name()),
             format!("{fence}\n").as_bytes(),
         )?;
-        Ok(rec)
+        Ok((rec, Some(prior).filter(|p| *p > 0)))
     }
 
     /// Builds a complete lock directory `tmp/<name>` for `rec`.
@@ -352,15 +399,15 @@ impl Parts {
         bury_first: bool,
         seen_fence: u64,
         buried: &mut bool,
-    ) -> Result<OwnerRecord> {
-        let rec = self.with_next_fence(key, rec, seen_fence)?;
+    ) -> Result<Written> {
+        let (rec, prior) = self.with_next_fence(key, rec, seen_fence)?;
         self.build(key, &rec)?;
         *buried = bury_first && self.bury(key)?;
         let lock = lock_name(key);
         self.tmp
             .rename(&key.name(), &self.locks, &lock, true)
             .map_err(|e| Error::io("publish", self.locks.join(&lock), e))?;
-        Ok(rec)
+        Ok(Written::as_given(rec).with_prior(prior))
     }
 
     fn append_history(&self, events: &[Event]) {
@@ -375,7 +422,7 @@ impl Parts {
         current: &Current,
         change: Change,
         buried: &mut bool,
-    ) -> Result<Option<OwnerRecord>> {
+    ) -> Result<Option<Written>> {
         let seen_fence = current.record().map_or(0, |r| r.holder.fence);
         match change {
             Change::Keep => Ok(None),
@@ -387,14 +434,14 @@ impl Parts {
             // free. Only a damaged lock (no directory with a record file)
             // is buried first; it was held by no one.
             Change::Takeover(rec) if matches!(current, Current::Held(_)) => {
-                let rec = self.with_next_fence(key, rec, seen_fence)?;
+                let (rec, prior) = self.with_next_fence(key, rec, seen_fence)?;
                 self.replace_record(key, &rec)?;
-                Ok(Some(rec))
+                Ok(Some(Written::as_given(rec).with_prior(prior)))
             }
             Change::Takeover(rec) => self.publish(key, rec, true, seen_fence, buried).map(Some),
             Change::Rewrite(rec) => {
                 self.replace_record(key, &rec)?;
-                Ok(Some(rec))
+                Ok(Some(Written::as_given(rec)))
             }
             Change::Delete => {
                 self.bury(key)?;
@@ -439,6 +486,31 @@ impl Store for FileStore {
         Ok(current)
     }
 
+    /// Read under the lock's guard (shared), where an acquisition writes the
+    /// counter and then publishes its lock: a fence read here is never one
+    /// whose lock is not published yet. Creates nothing: with no guard file
+    /// (the lock was never changed in this layer, or `keys/` was removed by
+    /// hand) the history alone tells.
+    fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
+        let Some(opened) = self.layer.open(false)? else {
+            return Ok(None);
+        };
+        let guard_name = format!("{}.guard", key.name());
+        let keys = opened.run.dir("keys", false)?;
+        let guard = match &keys {
+            Some(keys) => keys.file(&guard_name, Open::Read)?,
+            None => None,
+        };
+        let known = match (&keys, guard) {
+            (Some(keys), Some(guard)) => {
+                lock_bounded_as(&guard, &keys.join(&guard_name), true)?;
+                known_fence(keys, &opened.run, key, false)?
+            }
+            _ => history::newest_fence(&opened.run, &key.name()).map_or(0, |(f, _)| f),
+        };
+        Ok(Some(known).filter(|f| *f > 0))
+    }
+
     fn update<T>(
         &self,
         key: &LockKey,
@@ -471,11 +543,11 @@ impl Store for FileStore {
                 return Err(e);
             }
         };
-        parts.append_history(&decision.events(written.as_ref().map(|r| r.holder.fence)));
+        parts.append_history(&decision.events(written.as_ref().map(|w| w.fence)));
         drop(guard);
         Ok(Committed {
             value: decision.value,
-            written: written.map(Written::as_given),
+            written,
         })
     }
 
@@ -546,6 +618,7 @@ mod tests {
             note: None,
             owner_pid: None,
             owner_pgid: None,
+            since: None,
         };
         engine::acquire(store, key, &req, &Context::here()).unwrap();
         match store.read(key).unwrap() {
@@ -616,6 +689,7 @@ mod tests {
             note: None,
             owner_pid: None,
             owner_pgid: None,
+            since: None,
         };
         engine::acquire(&store, &key, &req, &at(0)).unwrap();
         let done = AtomicBool::new(false);
@@ -771,7 +845,7 @@ mod tests {
             };
             let dir = tempfile::tempdir().unwrap();
             let store = FileStore::new(dir.path());
-            let req = AcquireRequest { ttl: 60, note: None, owner_pid: None, owner_pgid: None };
+            let req = AcquireRequest { ttl: 60, note: None, owner_pid: None, owner_pgid: None, since: None };
             let got = engine::acquire(&store, &key, &req, &Context::here()).unwrap();
             let acquired = matches!(got, Acquire::Acquired { .. });
             prop_assert!(acquired);

@@ -161,6 +161,14 @@ impl Store for GitStore {
         Ok(self.read_seen(key, deadline)?.current)
     }
 
+    /// The fence in the ref's state file, held or free (a release commits
+    /// it again): the ref is one atomic value, so it names no acquisition
+    /// that a read of the same ref does not show.
+    fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
+        let deadline = Instant::now() + self.config.timeout;
+        Ok(self.read_seen(key, deadline)?.fence.filter(|f| *f > 0))
+    }
+
     fn update<T>(
         &self,
         key: &LockKey,
@@ -417,7 +425,9 @@ impl GitStore {
         let msg = message(key, next.what, state.fence, &next.events)?;
         let commit = self.make_commit(&state, parent, &msg)?;
         let archive = archive.as_ref().map(|(old, a)| (old.as_str(), a.as_str()));
-        let written = next.written.map(Written::as_given);
+        let written = next
+            .written
+            .map(|r| Written::as_given(r).with_prior(next.prior));
         let value = decision.value;
         match self.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
             Pushed::Done => {
@@ -479,6 +489,9 @@ struct Next {
     state: StateFile,
     /// The record written (with its fence), for the outcome.
     written: Option<OwnerRecord>,
+    /// For an acquisition: the fence it follows, the one in the state it
+    /// replaces (`None`: no acquisition before).
+    prior: Option<u64>,
     /// The history events, fenced.
     events: Vec<Event>,
     /// The change, as the commit message names it.
@@ -505,6 +518,10 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
         Ok(Some(Next {
             state: held_state(&rec, fence, seen.depth, seen.epoch)?,
             written: (what != "refused").then_some(rec),
+            prior: (what == "acquired")
+                .then_some(seen.fence)
+                .flatten()
+                .filter(|f| *f > 0),
             events: decision.events(Some(fence)),
             what,
         }))
@@ -542,6 +559,7 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
                 record: None,
             },
             written: None,
+            prior: None,
             events: decision.events(None),
             what: "released",
         })),

@@ -8,6 +8,16 @@ use serde::Deserialize;
 
 use super::{Cmd, Out};
 
+/// A field that is always on the wire, `null` or a value: a missing one is
+/// refused (serde alone would read a missing `Option` as `None`).
+fn nullable<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d)
+}
+
 /// The `holder` object (SPEC §4).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +108,9 @@ pub enum Reply {
         owner_pid: Option<u32>,
         fence: u64,
         took_over: Option<TookOver>,
+        /// `--since`'s answer; `null` without `--since`.
+        #[serde(deserialize_with = "nullable")]
+        others_since: Option<bool>,
     },
     AlreadyRunning {
         skill: String,
@@ -185,7 +198,8 @@ pub enum Reply {
         lock: String,
         #[serde(default)]
         clock_skew: Option<u64>,
-        #[serde(default)]
+        /// The latest acquisition's fence, held or not; `null`: none known.
+        #[serde(deserialize_with = "nullable")]
         fence: Option<u64>,
         state: String,
         #[serde(default)]
@@ -227,6 +241,8 @@ pub enum Reply {
         #[serde(default)]
         clock_skew: Option<u64>,
         fence: u64,
+        #[serde(deserialize_with = "nullable")]
+        others_since: Option<bool>,
         exit_status: u8,
         signal: Option<i32>,
         lost: bool,
@@ -263,6 +279,15 @@ impl Reply {
         }
     }
 
+    /// `others_since` of an `acquired` or `ran` reply.
+    #[track_caller]
+    pub fn others_since(&self) -> Option<bool> {
+        match self {
+            Self::Acquired { others_since, .. } | Self::Ran { others_since, .. } => *others_since,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
     /// The fence of a reply that carries one.
     pub fn fence(&self) -> Option<u64> {
         match self {
@@ -283,6 +308,7 @@ pub struct Lock {
     skill: String,
     repo: String,
     global: Vec<String>,
+    env: Vec<(String, std::ffi::OsString)>,
 }
 
 impl Lock {
@@ -293,6 +319,7 @@ impl Lock {
             skill: skill.to_owned(),
             repo: repo.to_owned(),
             global: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -302,12 +329,22 @@ impl Lock {
         self
     }
 
+    /// The same lock, every command run with `name=value` in its environment.
+    pub fn with_env(mut self, name: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.env
+            .push((name.to_owned(), value.as_ref().to_os_string()));
+        self
+    }
+
     /// The command `verb` on this lock, with `extra` arguments.
     pub fn cmd(&self, verb: &str, extra: &[&str]) -> Cmd {
-        Cmd::new(&self.cwd)
+        let cmd = Cmd::new(&self.cwd)
             .args([verb, self.skill.as_str(), "--repo", self.repo.as_str()])
             .args(extra)
-            .args(&self.global)
+            .args(&self.global);
+        self.env
+            .iter()
+            .fold(cmd, |cmd, (name, value)| cmd.env(name, value))
     }
 
     /// Runs `verb` and reads its reply, checking that the exit status is
@@ -326,6 +363,29 @@ impl Lock {
     #[track_caller]
     pub fn acquire_with(&self, extra: &[&str]) -> Reply {
         self.call("acquire", extra)
+    }
+
+    /// `acquire --since FENCE` (with `extra` arguments).
+    #[track_caller]
+    pub fn acquire_since(&self, fence: Option<u64>, extra: &[&str]) -> Reply {
+        let since = fence.map_or_else(|| "null".to_owned(), |f| f.to_string());
+        let mut args = vec!["--since", since.as_str()];
+        args.extend_from_slice(extra);
+        self.call("acquire", &args)
+    }
+
+    #[track_caller]
+    pub fn status(&self) -> Reply {
+        self.call("status", &[])
+    }
+
+    /// The fence `status` shows now (`None`: `null`).
+    #[track_caller]
+    pub fn status_fence(&self) -> Option<u64> {
+        match self.status() {
+            Reply::Status { fence, .. } => fence,
+            other => panic!("not a status: {other:?}"),
+        }
     }
 
     #[track_caller]
