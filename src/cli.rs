@@ -25,16 +25,41 @@ Exit status:
   4  not yours: renew/check/release with a token that is not the live holder's
 
 Typical write phase of a skill (docs/write-lock.md; runs under set -euo pipefail):
-  rc=0; out=$(skill-lock acquire issue-triage --repo apache/airflow --note \"run 42\") || rc=$?
+  field() { printf '%s\\n' \"$2\" | sed -n \"s/.*\\\"$1\\\":\\\"\\{0,1\\}\\([^,}\\\"]*\\).*/\\1/p\"; }
+  st=$(skill-lock status issue-triage --repo apache/airflow); fence=$(field fence \"$st\")
+  # ... read and classify, posting nothing ...
+  since=${fence/null/0}; rc=0
+  out=$(skill-lock acquire issue-triage --repo apache/airflow --since $since --ttl 900) || rc=$?
   case $rc in 0) ;; 3) echo \"held, not posting: $out\"; exit 0 ;; *) echo \"$out\" >&2; exit 2 ;; esac
-  token=$(printf '%s\\n' \"$out\" | sed -n 's/.*\"token\":\"\\([0-9a-f]*\\)\".*/\\1/p')
+  token=$(field token \"$out\")
+  # others_since true, or status said held: read again before posting.
   # Release with the token whenever the script ends (recap done, or stop-and-surface).
-  trap 'skill-lock release issue-triage --repo apache/airflow --token \"$token\" || true' EXIT
-  skill-lock check issue-triage --repo apache/airflow --token \"$token\" >/dev/null || exit 4
-  echo \"post 1\"   # each post: check first, then post
+  trap 'SKILL_LOCK_TOKEN=$token skill-lock release issue-triage --repo apache/airflow || true' EXIT
+  SKILL_LOCK_TOKEN=$token skill-lock renew issue-triage --repo apache/airflow >/dev/null || exit 4
+  echo \"post 1\"   # each post: renew first, then post
 
 Locks live in the personal layer of the project (e.g. .git/apache-magpie/run/locks/),
 never in the working tree. See the README for the full contract.";
+
+const ACQUIRE_HELP: &str = "\
+Results (one JSON object on stdout) and exit status:
+  0  acquired         go on; keep `token` (printed only here), `fence`, `expires`;
+                      `others_since` (with --since): true means read again before writing;
+                      `took_over` is null or the stale holder that was replaced
+  3  already_running  another run holds it: post nothing; `holder`, `expires_in`, and `hint`
+                      (the release --force line an operator runs for a holder known dead)
+  2  error            `error` and `message` (what to fix); nothing was taken
+
+The block skills paste around it: docs/write-lock.md.";
+
+const CHECK_HELP: &str = "\
+Results (one JSON object on stdout) and exit status:
+  0  held        the token holds a live lease: `expires`, `expires_in`, `fence`
+  4  not_owner   another run holds the lock now (`holder`), or its record is unreadable
+  4  expired     the token's lease ran out
+  4  not_held    no lock at all
+  2  error       e.g. no token: --token T, or SKILL_LOCK_TOKEN (set but empty is an error)
+Read-only. `renew --token T` checks the same and extends the lease: the block uses it before each post.";
 
 /// skill-lock: a lease lock per (skill, repository) for the write phase of batch automation.
 #[derive(Debug, Parser)]
@@ -155,6 +180,7 @@ struct HistoryArgs {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Take the lock when it is free or stale; prints the token.
+    #[command(after_help = ACQUIRE_HELP)]
     Acquire(AcquireArgs),
     /// Extend a held lease to now + ttl.
     Renew(RenewArgs),
@@ -164,7 +190,8 @@ enum Command {
     Status(LockArgs),
     /// Show every lock in the store (read-only).
     List,
-    /// Exit 0 only if the token holds a live lease (read-only); call before each post.
+    /// Exit 0 only if the token holds a live lease (read-only).
+    #[command(after_help = CHECK_HELP)]
     Check(CheckArgs),
     /// Run CMD while holding the lock (renewed, released at the end); JSON on stderr.
     Run(RunArgs),

@@ -901,17 +901,28 @@ fn the_help_write_phase_matches_the_docs_and_runs_under_set_euo_pipefail() {
     let docs =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/write-lock.md"))
             .unwrap();
-    for (verb, token) in [("acquire", false), ("check", true), ("release", true)] {
+    for (verb, token) in [
+        ("status", false),
+        ("acquire", false),
+        ("renew", true),
+        ("release", true),
+    ] {
         let in_help = format!("skill-lock {verb} issue-triage --repo apache/airflow");
         let in_docs = format!("skill-lock {verb} <skill> --repo <owner/repo>");
         assert!(script.contains(&in_help), "--help lacks {in_help}");
         assert!(docs.contains(&in_docs), "docs lack {in_docs}");
         if token {
-            let with = format!("{in_help} --token \"$token\"");
+            // The token travels in every command, in the variable that
+            // keeps it out of the process list, never in one that must
+            // outlive a shell.
+            let with = format!("SKILL_LOCK_TOKEN=$token {in_help}");
             assert!(script.contains(&with), "--help lacks {with}");
-            assert!(docs.contains(&format!("{in_docs} --token <token>")));
+            assert!(docs.contains(&format!(
+                "SKILL_LOCK_TOKEN=<token> uvx --from ~/.claude/magpie/skill-lock {in_docs}"
+            )));
         }
     }
+    assert!(script.contains("--since $since") && docs.contains("--since <fence>"));
     // `skill-lock` on PATH is the binary under test.
     let bin = env.dir("bin");
     std::os::unix::fs::symlink(common::BIN, bin.join("skill-lock")).unwrap();
