@@ -449,8 +449,8 @@ fn campaign(store: &Store, runs: u32) {
         .map(|id| {
             let form = rng.below(100);
             let fault = match rng.below(100) {
-                0..=11 => Fault::Kill(Duration::from_millis(200 + rng.below(2500))),
-                12..=23 => Fault::Freeze(Duration::from_millis(100 + rng.below(1500))),
+                0..=19 => Fault::Kill(Duration::from_millis(100 + rng.below(1500))),
+                20..=39 => Fault::Freeze(Duration::from_millis(100 + rng.below(1200))),
                 _ => Fault::None,
             };
             let spec = RunSpec {
@@ -459,7 +459,7 @@ fn campaign(store: &Store, runs: u32) {
                 store,
                 forge: &forge,
                 think: Duration::from_millis(rng.below(400)),
-                post_gap: Duration::from_millis(30 + rng.below(120)),
+                post_gap: Duration::from_millis(100 + rng.below(300)),
                 reread: true,
                 wait: (15..30).contains(&form).then_some(4),
                 gate: None,
