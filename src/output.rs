@@ -569,20 +569,58 @@ impl Report {
         v
     }
 
-    /// Prints the object on `channel` and returns its exit status. A
-    /// closed pipe is not an error.
-    #[must_use = "the exit status is the process's"]
-    pub fn emit(&self, channel: Channel) -> ExitStatus {
+    /// The token of an `acquired` object (the only one that carries it).
+    #[must_use]
+    pub fn token(&self) -> Option<&str> {
+        match self {
+            Self::Acquired(a) => Some(&a.token),
+            _ => None,
+        }
+    }
+
+    /// Writes the object on `channel`, in full, or says why it could not
+    /// (a closed, full or broken standard output, SPEC §3).
+    ///
+    /// # Errors
+    /// The write error; [`std::io::ErrorKind::BrokenPipe`] for a standard
+    /// output that was closed when the process started.
+    pub fn write(&self, channel: Channel) -> std::io::Result<()> {
         let line = self.to_line();
-        let _ = match channel {
+        match channel {
             Channel::Stderr => std::io::stderr().lock().write_all(&line),
             Channel::Stdout => {
-                let mut out = stdout();
+                let mut out = open_stdout()?;
                 out.write_all(&line).and_then(|()| out.flush())
             }
-        };
-        self.exit_status()
+        }
     }
+
+    /// Prints the object on `channel` and returns its exit status: a
+    /// result that could not be written in full is a failure (2, said on
+    /// standard error), SPEC §3.
+    #[must_use = "the exit status is the process's"]
+    pub fn emit(&self, channel: Channel) -> ExitStatus {
+        match self.write(channel) {
+            Ok(()) => self.exit_status(),
+            Err(e) => {
+                let then = match self {
+                    Self::Error(r) => format!("; it said: {}", r.message),
+                    _ => String::new(),
+                };
+                unwritten(&e, &then);
+                ExitStatus::Error
+            }
+        }
+    }
+}
+
+/// Says on standard error that the result was not written (`what_then`:
+/// what was done about it, e.g. "; the lock was released again").
+pub fn unwritten(e: &dyn std::fmt::Display, what_then: &str) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "skill-lock: the result could not be written to standard output ({e}){what_then}"
+    );
 }
 
 /// Where an invocation's one object goes.
@@ -612,6 +650,77 @@ impl Channel {
 #[allow(clippy::disallowed_methods, reason = "the one writer to stdout")]
 fn stdout() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
+}
+
+/// Standard output, or an error when it was closed when the process
+/// started: what is written there then reaches nobody (SPEC §3).
+///
+/// # Errors
+/// [`std::io::ErrorKind::BrokenPipe`] when standard output was closed.
+pub fn open_stdout() -> std::io::Result<std::io::StdoutLock<'static>> {
+    if stdout_closed() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "standard output is closed",
+        ));
+    }
+    Ok(stdout())
+}
+
+/// Was standard output closed when the process started (so that nothing
+/// written there reaches anyone)?
+#[must_use]
+pub fn stdout_closed() -> bool {
+    sys::stdout_closed()
+}
+
+/// Whether standard output was closed at start, per platform.
+#[cfg(unix)]
+mod sys {
+    use std::os::fd::BorrowedFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    /// Was standard output closed when the process started? Rust's runtime
+    /// puts `/dev/null`, opened read-write, on a standard stream that was
+    /// closed (so that no file the process opens lands there, and writes
+    /// "succeed"); a shell's `>/dev/null` opens it write-only. So `/dev/null`
+    /// open read-write on fd 1 means "closed", and a result written there
+    /// reaches nobody.
+    pub fn stdout_closed() -> bool {
+        // SAFETY: fd 1 stays open for the whole process (the runtime made
+        // sure of that); it is only borrowed for the two calls below.
+        let fd = unsafe { BorrowedFd::borrow_raw(1) };
+        let Ok(flags) = rustix::fs::fcntl_getfl(fd) else {
+            return true; // no fd 1 at all
+        };
+        if flags & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDWR {
+            return false;
+        }
+        let Ok(out) = fd.try_clone_to_owned().map(std::fs::File::from) else {
+            return false;
+        };
+        let (Ok(out), Ok(null)) = (out.metadata(), std::fs::metadata("/dev/null")) else {
+            return false;
+        };
+        out.file_type().is_char_device()
+            && null.file_type().is_char_device()
+            && out.rdev() == null.rdev()
+    }
+}
+
+/// Whether standard output was closed at start, per platform.
+#[cfg(windows)]
+mod sys {
+    use windows_sys::Win32::Foundation::INVALID_HANDLE_VALUE;
+    use windows_sys::Win32::System::Console::{GetStdHandle, STD_OUTPUT_HANDLE};
+
+    /// Was the process started without a standard output handle? (Rust's
+    /// runtime then drops what is written there, as if it were written.)
+    pub fn stdout_closed() -> bool {
+        // SAFETY: GetStdHandle has no preconditions.
+        let h = unsafe { GetStdHandle(STD_OUTPUT_HANDLE) };
+        h.is_null() || h == INVALID_HANDLE_VALUE
+    }
 }
 
 /// Prints the completion script of `cmd` for `shell` on stdout (SPEC §2).
@@ -678,35 +787,46 @@ impl<W: Write> Write for Counted<W> {
 
 /// Prints the `list` object of `store` on stdout, each lock as the engine
 /// judges it (at `ctx`) and hands it over, and returns its exit status. A
-/// closed pipe is not an error.
+/// result that could not be written in full (standard output closed, full
+/// or a broken pipe) is a failure, said on stderr (SPEC §3).
 ///
 /// # Errors
 /// A store failure before any byte reached stdout (the caller prints the
 /// error object instead). A failure after that ends the broken line, puts the
 /// error object on stderr and returns [`ExitStatus::Error`].
 pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error> {
-    let stdout = Counted {
-        inner: stdout(),
-        written: 0,
+    let failed = |e: &dyn std::fmt::Display| {
+        unwritten(e, "");
+        Ok(ExitStatus::Error)
+    };
+    let stdout = match open_stdout() {
+        Ok(out) => Counted {
+            inner: out,
+            written: 0,
+        },
+        Err(e) => return failed(&e),
     };
     let buffered = BufWriter::with_capacity(64 * 1024, stdout);
-    let Ok(mut list) = ListWriter::start(buffered, &store.describe()) else {
-        return Ok(ExitStatus::Success);
+    let mut list = match ListWriter::start(buffered, &store.describe()) {
+        Ok(list) => list,
+        Err(e) => return failed(&e),
     };
-    let mut closed = false;
+    let mut closed = None;
     let visited = engine::list(store, ctx, &mut |judged| {
         list.entry(judged).map_err(|e| {
-            closed = true;
+            closed = Some(e.to_string());
             Error::io("write", "standard output", e)
         })
     });
     match visited {
-        Ok(tombstones) => {
-            let _ = list.finish(tombstones);
-            Ok(ExitStatus::Success)
-        }
-        Err(_) if closed => Ok(ExitStatus::Success),
+        Ok(tombstones) => match list.finish(tombstones) {
+            Ok(_) => Ok(ExitStatus::Success),
+            Err(e) => failed(&e),
+        },
         Err(err) => {
+            if let Some(why) = closed {
+                return failed(&why);
+            }
             let (mut stdout, _unwritten) = list.out.into_parts();
             if stdout.written == 0 {
                 return Err(err);
