@@ -1,8 +1,9 @@
 //! No second writer at the edges (issue 27): an empty `SKILL_LOCK_TOKEN` is
 //! a lost token, never "no token" (§2); a result that cannot be written
-//! gives its lock back (§3).
+//! gives its lock back (§3); every valid name works on every command, in
+//! every store (§5 "Names", §8).
 //!
-//! Covers: SPEC §2, §3.
+//! Covers: SPEC §2, §3, §5, §8.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -188,4 +189,172 @@ fn a_run_whose_result_cannot_be_written_leaves_no_lock() {
         }
     ));
     free(&lock);
+}
+
+// ---------------------------------------------------------------------------
+// Every valid name works on every command (SPEC §5 "Names").
+
+/// A skill of `s`, owner of `o` and name of `n` characters (the skill in
+/// capitals: the lowercase spelling must find the same lock).
+fn long_names(s: usize, o: usize, n: usize) -> (String, String) {
+    (
+        "S".repeat(s),
+        format!("{}/{}", "o".repeat(o), "n".repeat(n)),
+    )
+}
+
+/// Sleeps until `lock`'s current lease has run out.
+fn outlive(lock: &Lock) {
+    if let Reply::Status {
+        expires_in: Some(left),
+        ..
+    } = lock.call("status", &[])
+    {
+        std::thread::sleep(std::time::Duration::from_millis(left * 1000 + 1200));
+    }
+}
+
+/// acquire, status, renew, check, list, release, release --force, a
+/// takeover of an expired lock, and history, on `lock` (spelled `skill`,
+/// `repo`); `takeover`: the store keeps an expired lock to take over (etcd
+/// drops it with its lease).
+fn every_command(lock: &Lock, lower: &Lock, skill: &str, repo: &str, takeover: bool) {
+    let got = lock.acquire_with(&["--ttl", "2", "--note", "long"]);
+    let token = got.token().to_owned();
+    let Reply::Acquired { lock: at, .. } = &got else {
+        unreachable!()
+    };
+    assert!(matches!(lower.acquire(), Reply::AlreadyRunning { .. }));
+    assert!(matches!(lock.call("status", &[]), Reply::Status { state, .. } if state == "held"));
+    assert!(matches!(lock.renew(&token), Reply::Renewed { .. }));
+    assert!(matches!(lower.check(&token), Reply::Held { .. }));
+    match reply(&lock.store_cmd(&["list"]).run()) {
+        Reply::List { locks, .. } => assert!(
+            locks
+                .iter()
+                .any(|l| l.skill == skill && l.repo == repo && l.lock == *at),
+            "{at} not listed: {locks:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        lower.release(&token),
+        Reply::Released { forced: false, .. }
+    ));
+    lock.acquire_with(&["--ttl", "2"]);
+    assert!(matches!(
+        lower.force_release(),
+        Reply::Released { forced: true, .. }
+    ));
+    lock.acquire_with(&["--ttl", "2"]);
+    outlive(lock);
+    // An etcd lease may outlive the `expires` its holder was told: wait for it.
+    let again = lower.acquire_with(&["--wait", "10"]);
+    match &again {
+        Reply::Acquired { took_over, .. } => assert!(
+            !takeover || took_over.as_ref().is_some_and(|t| t.reason == "expired"),
+            "{again:?}"
+        ),
+        other => panic!("the expired lock was not taken over: {other:?}"),
+    }
+    lower.release(again.token());
+    let events = |out: Out| match reply(&out) {
+        Reply::History { events, .. } => events,
+        other => panic!("{other:?}"),
+    };
+    let mine = events(lock.cmd("history", &[]).run());
+    let all = events(lock.store_cmd(&["history"]).run());
+    let kinds: Vec<&str> = mine.iter().map(|e| e.event.as_str()).collect();
+    for want in ["acquired", "renewed", "released", "forced_release"] {
+        assert!(kinds.contains(&want), "no {want} in {kinds:?}");
+    }
+    assert!(!takeover || kinds.contains(&"took_over"), "{kinds:?}");
+    assert!(all.len() >= mine.len() && all.iter().any(|e| e.skill.eq_ignore_ascii_case(skill)));
+}
+
+/// Every path component below `dir` is at most 255 bytes.
+#[track_caller]
+fn components_fit(dir: &Path) {
+    for rel in crate::common::tree(dir) {
+        for c in Path::new(&rel).components() {
+            let len = c.as_os_str().len();
+            assert!(len <= 255, "{rel}: a component of {len} bytes");
+        }
+    }
+}
+
+#[test]
+fn the_longest_names_work_on_every_command_in_the_file_store() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    // The longest, the longest whose path is today's, the first that is
+    // not, and one whose tombstone would not fit uncut.
+    for (s, o, n) in [(64, 100, 100), (64, 100, 78), (64, 100, 79), (64, 100, 73)] {
+        let (skill, name) = long_names(s, o, n);
+        let lock = Lock::new(&repo, &skill, &name);
+        let lower = Lock::new(&repo, &skill.to_lowercase(), &name);
+        every_command(&lock, &lower, &skill, &name, true);
+        components_fit(&repo.join(".git/apache-magpie"));
+    }
+    // A name that fits keeps the path every earlier version used.
+    let (skill, name) = long_names(64, 100, 78);
+    let got = Lock::new(&repo, &skill, &name).acquire();
+    let Reply::Acquired { lock, .. } = &got else {
+        unreachable!()
+    };
+    let today = format!("{}@{}.lock", skill.to_lowercase(), name.replace('/', "__"));
+    assert!(lock.ends_with(&format!("/locks/{today}")), "{lock}");
+}
+
+#[test]
+fn the_longest_names_and_names_git_refuses_work_in_the_git_store() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let remote = crate::common::gitd::bare_repo(&env.path("remote.git"));
+    let url = format!("git:file://{}", remote.display());
+    let cache = env.path("cache");
+    let (skill, name) = long_names(64, 100, 100);
+    let (fits, fits_repo) = long_names(64, 100, 83);
+    for (skill, name) in [
+        (skill.as_str(), name.as_str()),
+        (fits.as_str(), fits_repo.as_str()),
+        ("A..b", "o/r.lock"),
+        ("s", "o/x."),
+    ] {
+        let at = |s: &str| {
+            Lock::new(&repo, s, name)
+                .in_store(&url)
+                .with_env("SKILL_LOCK_GIT_CACHE", cache.to_str().unwrap())
+                .with_env("SKILL_LOCK_CLOCK_SKEW", "0")
+        };
+        every_command(&at(skill), &at(&skill.to_lowercase()), skill, name, true);
+    }
+    // A name git takes keeps the ref every earlier version used.
+    let refs = std::process::Command::new("git")
+        .args(["for-each-ref", "--format=%(refname)", "refs/skill-lock/"])
+        .current_dir(&remote)
+        .output()
+        .unwrap();
+    let refs = String::from_utf8_lossy(&refs.stdout);
+    let today = format!(
+        "refs/skill-lock/{}@{}",
+        fits.to_lowercase(),
+        fits_repo.replace('/', "__")
+    );
+    assert!(refs.lines().any(|r| r == today), "{refs}");
+    components_fit(&remote);
+}
+
+#[test]
+fn the_longest_names_work_in_the_etcd_store() {
+    let Some(ep) = crate::common::etcd_endpoint("edges27: the longest names on etcd") else {
+        return;
+    };
+    let env = TestEnv::new();
+    let dir = env.dir("w");
+    let url = format!("etcd://{ep}{}", crate::common::etcd_prefix(&env, "edges27"));
+    let (skill, name) = long_names(64, 100, 100);
+    let lock = Lock::new(&dir, &skill, &name).in_store(&url);
+    let lower = Lock::new(&dir, &skill.to_lowercase(), &name).in_store(&url);
+    every_command(&lock, &lower, &skill, &name, false);
 }

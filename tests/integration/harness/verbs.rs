@@ -279,6 +279,7 @@ pub struct Lock {
     skill: String,
     repo: String,
     global: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
 impl Lock {
@@ -289,7 +290,15 @@ impl Lock {
             skill: skill.to_owned(),
             repo: repo.to_owned(),
             global: Vec::new(),
+            envs: Vec::new(),
         }
+    }
+
+    /// The same lock, with `key=value` in the environment of every command
+    /// (a git store's cache, its clock-skew allowance).
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
     }
 
     /// The same lock in the store `url` (`--store`).
@@ -300,10 +309,18 @@ impl Lock {
 
     /// The command `verb` on this lock, with `extra` arguments.
     pub fn cmd(&self, verb: &str, extra: &[&str]) -> Cmd {
-        Cmd::new(&self.cwd)
+        let cmd = Cmd::new(&self.cwd)
             .args([verb, self.skill.as_str(), "--repo", self.repo.as_str()])
             .args(extra)
-            .args(&self.global)
+            .args(&self.global);
+        self.envs.iter().fold(cmd, |cmd, (k, v)| cmd.env(k, v))
+    }
+
+    /// A command about no one lock (`list`, `history` of the store), in the
+    /// same directory, store and environment.
+    pub fn store_cmd(&self, args: &[&str]) -> Cmd {
+        let cmd = Cmd::new(&self.cwd).args(args).args(&self.global);
+        self.envs.iter().fold(cmd, |cmd, (k, v)| cmd.env(k, v))
     }
 
     /// Runs `verb` and reads its reply, checking that the exit status is
