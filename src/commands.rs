@@ -114,7 +114,7 @@ fn acquire(
 ) -> Result<Report> {
     let outcome = crate::wait::acquire_waiting(store, key, req, wait, &settings.clock)?;
     Ok(Report::acquire(outcome, about(store, key), || {
-        crate::hint::release_force(key, settings)
+        crate::hint::release_force(key, settings, store)
     }))
 }
 
@@ -140,7 +140,7 @@ fn run(
         )? {
             crate::run::Outcome::NotAcquired(outcome) => {
                 Report::acquire(outcome, about(store, key), || {
-                    crate::hint::release_force(key, settings)
+                    crate::hint::release_force(key, settings, store)
                 })
             }
             crate::run::Outcome::Interrupted(sig) => Report::interrupted(about(store, key), sig),

@@ -556,15 +556,17 @@ impl Report {
         })
     }
 
-    /// Serializes to one line ending in `\n`.
+    /// Serializes to one line ending in `\n`, with nothing in it that a
+    /// terminal would act on ([`crate::visible::to_writer`]).
     #[must_use]
     pub fn to_line(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).unwrap_or_else(|e| {
-            format!(
+        let mut v = Vec::new();
+        if let Err(e) = crate::visible::to_writer(&mut v, self) {
+            v = format!(
                 r#"{{"result":"error","error":"internal","message":"cannot print result: {e}"}}"#
             )
-            .into_bytes()
-        });
+            .into_bytes();
+        }
         v.push(b'\n');
         v
     }
@@ -617,9 +619,11 @@ impl Report {
 /// Says on standard error that the result was not written (`what_then`:
 /// what was done about it, e.g. "; the lock was released again").
 pub fn unwritten(e: &dyn std::fmt::Display, what_then: &str) {
+    let line = format!("the result could not be written to standard output ({e}){what_then}");
     let _ = writeln!(
         std::io::stderr(),
-        "skill-lock: the result could not be written to standard output ({e}){what_then}"
+        "skill-lock: {}",
+        crate::visible::visible(&line)
     );
 }
 
@@ -739,7 +743,7 @@ struct ListWriter<W: Write> {
 impl<W: Write> ListWriter<W> {
     fn start(mut out: W, store: &str) -> std::io::Result<Self> {
         out.write_all(br#"{"result":"list","store":"#)?;
-        serde_json::to_writer(&mut out, store)?;
+        crate::visible::to_writer(&mut out, store)?;
         out.write_all(br#","locks":["#)?;
         Ok(Self { out, first: true })
     }
@@ -756,7 +760,7 @@ impl<W: Write> ListWriter<W> {
             self.out.write_all(b",")?;
         }
         self.first = false;
-        serde_json::to_writer(&mut self.out, &entry)?;
+        crate::visible::to_writer(&mut self.out, &entry)?;
         Ok(())
     }
 
@@ -833,6 +837,46 @@ pub fn print_list(store: &impl Store, ctx: &Context) -> Result<ExitStatus, Error
             }
             let _ = stdout.write_all(b"\n");
             Ok(Report::error(&err, None).emit(Channel::Stderr))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn about() -> About {
+        About {
+            skill: "s".into(),
+            repo: "o/r".into(),
+            lock: "/p/run/locks/s@o__r.lock".into(),
+            clock_skew: None,
+        }
+    }
+
+    proptest! {
+        /// A holder whose host and note carry any characters (every
+        /// control, C1, bidi override, line separator) prints as one line
+        /// that a terminal only displays, and reads back as stored.
+        #[test]
+        fn any_host_and_note_print_as_one_safe_line(
+            host in "[\\x00-\\x{a0}\\x{2000}-\\x{206f}a-z]{0,24}",
+            note in "\\PC{0,8}[\\x00-\\x{9f}\\x{202a}-\\x{202e}]{0,16}",
+        ) {
+            let mut record = crate::record::tests::sample(Some(note.clone()));
+            record.holder.host = host.clone();
+            let report = Report::status(
+                State::Held { holder: record.holder, expires_in: 5 },
+                about(),
+            );
+            let line = String::from_utf8(report.to_line()).unwrap();
+            prop_assert!(line.ends_with('\n'));
+            let body = &line[..line.len() - 1];
+            prop_assert!(!body.chars().any(crate::visible::is_unsafe), "{:?}", body);
+            let back: serde_json::Value = serde_json::from_str(body).unwrap();
+            prop_assert_eq!(back["holder"]["host"].as_str(), Some(host.as_str()));
+            prop_assert_eq!(back["holder"]["note"].as_str(), Some(note.as_str()));
         }
     }
 }

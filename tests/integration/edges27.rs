@@ -1,9 +1,11 @@
 //! No second writer at the edges (issue 27): an empty `SKILL_LOCK_TOKEN` is
 //! a lost token, never "no token" (§2); a result that cannot be written
 //! gives its lock back (§3); every valid name works on every command, in
-//! every store (§5 "Names", §8).
+//! every store (§5 "Names", §8); text from a store reaches no terminal as
+//! control characters or an extra line (§3, §2.7), and the hint pastes from
+//! anywhere for any root and a relative `git:` path (§2.1).
 //!
-//! Covers: SPEC §2, §3, §5, §8.
+//! Covers: SPEC §2, §2.1, §2.7, §3, §5, §8.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -357,4 +359,196 @@ fn the_longest_names_work_in_the_etcd_store() {
     let lock = Lock::new(&dir, &skill, &name).in_store(&url);
     let lower = Lock::new(&dir, &skill.to_lowercase(), &name).in_store(&url);
     every_command(&lock, &lower, &skill, &name, false);
+}
+
+// ---------------------------------------------------------------------------
+// Text from a store never reaches a terminal as control characters or an
+// extra line (SPEC §3); the hint pastes from anywhere (SPEC §2.1).
+
+/// What a forged record's host and note carry: ESC sequences (clear
+/// screen, set title), BEL, CR LF and a fake line, DEL, C1 CSI and NEL, a
+/// right-to-left override and a line separator.
+const HOSTILE: &str =
+    "vm\u{1b}[2J\u{1b}]0;pwned\u{7}\r\nFAKE LINE\u{7f}\u{9b}31m\u{85}\u{202e}exe.txt\u{2028}x";
+
+/// Would a terminal act on `c`, or break or reorder the line at it?
+fn acts_on(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}'
+        )
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// `text` is lines (each ending in `\n`) that a terminal only displays.
+#[track_caller]
+fn displays_only(text: &str, what: &str) {
+    for line in text.split_terminator('\n') {
+        assert!(!line.chars().any(acts_on), "{what}: {line:?}");
+    }
+}
+
+/// Rewrites the record of the lock `s`/`o/r` in `repo`'s file store with
+/// `host` and `note`, atomically (as a store writer could).
+fn forge(repo: &Path, host: &str, note: &str) {
+    let dir = repo.join(".git/apache-magpie/run/locks/s@o__r.lock");
+    let record = dir.join("owner.json");
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    v["host"] = host.into();
+    v["note"] = note.into();
+    std::fs::write(dir.join("forged.tmp"), v.to_string()).unwrap();
+    std::fs::rename(dir.join("forged.tmp"), record).unwrap();
+}
+
+#[test]
+fn a_forged_host_and_note_reach_no_terminal() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let lock = Lock::new(&repo, "s", "o/r");
+    let token = lock.acquire().token().to_owned();
+    forge(&repo, HOSTILE, HOSTILE);
+    let outs = [
+        lock.cmd("acquire", &[]).run(),
+        lock.cmd("status", &[]).run(),
+        lock.cmd("check", &["--token", "nope"]).run(),
+        lock.cmd("renew", &["--token", &token]).run(),
+        lock.cmd("release", &["--token", &token]).run(),
+        lock.store_cmd(&["history"]).run(),
+    ];
+    for out in &outs {
+        assert_eq!(out.stdout.matches('\n').count(), 1, "{:?}", out.stdout);
+        displays_only(&out.stdout, "stdout");
+        displays_only(&out.stderr, "stderr");
+    }
+    // Escaped, not dropped: a JSON reader sees the record as stored.
+    match reply(&outs[0]) {
+        Reply::AlreadyRunning { holder, hint, .. } => {
+            assert_eq!(
+                (holder.host.as_str(), holder.note.as_deref()),
+                (HOSTILE, Some(HOSTILE))
+            );
+            assert!(!hint.chars().any(acts_on), "{hint:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    match reply(&outs[4]) {
+        Reply::Released {
+            holder: Some(h), ..
+        } => assert_eq!(h.host, HOSTILE),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_run_that_lost_its_lock_names_a_forged_holder_on_one_line() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let lock = Lock::new(&repo, "s", "o/r");
+    let run = lock
+        .cmd("run", &["--ttl", "3", "--", "sleep", "30"])
+        .command()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !matches!(lock.call("status", &[]), Reply::Status { state, .. } if state == "held") {
+        assert!(std::time::Instant::now() < deadline, "run never acquired");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // An operator frees it, another run takes it, and its record is forged.
+    lock.force_release();
+    lock.acquire_with(&["--ttl", "60"]);
+    forge(&repo, HOSTILE, "n");
+    let out = Out::from(run.wait_with_output().unwrap());
+    displays_only(&out.stderr, "run's stderr");
+    let lost = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("the lease was lost"))
+        .unwrap_or_else(|| panic!("no word of the lost lease: {}", out.stderr));
+    // The whole host, escaped, on that one line.
+    for shown in [
+        "\\u{1b}[2J",
+        "\\u{d}\\u{a}FAKE LINE",
+        "\\u{9b}31m",
+        "\\u{202e}exe.txt",
+    ] {
+        assert!(lost.contains(shown), "{lost}");
+    }
+    assert!(matches!(run_reply(&out), Reply::Ran { lost: true, .. }));
+}
+
+/// Pastes `hint` into `sh -c` in `cwd` and checks that it released.
+#[track_caller]
+fn paste(hint: &str, cwd: &Path, envs: &[(&str, &Path)]) {
+    assert!(!hint.chars().any(acts_on), "{hint:?}");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", hint])
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = Out::from(cmd.output().unwrap());
+    assert!(
+        matches!(reply(&out), Reply::Released { forced: true, .. }),
+        "{hint}: {}",
+        out.stderr
+    );
+}
+
+/// The hint of `lock`, held by another run.
+fn hint_of(lock: &Lock) -> String {
+    lock.acquire();
+    match lock.acquire() {
+        Reply::AlreadyRunning { hint, .. } => hint,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_hint_pastes_for_a_root_that_is_not_utf8_or_holds_controls() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = TestEnv::new();
+    let elsewhere = env.dir("elsewhere");
+    for name in [
+        &b"r\xff\xfe\x1b[31m\xe2\x80\xaex 'q'"[..],
+        b"two\nlines",
+        b"ends in a newline\n",
+        b"\x9b\x85\x7f",
+    ] {
+        let dir = env.root.join(std::ffi::OsStr::from_bytes(name));
+        std::fs::create_dir(&dir).unwrap();
+        crate::common::git(&dir, &["init", "-q"]);
+        let lock = Lock::new(&dir, "s", "o/r");
+        let hint = hint_of(&lock);
+        assert!(hint.contains(" --root "), "{hint}");
+        paste(&hint, &elsewhere, &[]);
+        free(&lock);
+    }
+}
+
+#[test]
+fn the_hint_pastes_for_a_relative_git_store_path() {
+    let env = TestEnv::new();
+    crate::common::gitd::bare_repo(&env.path("coord.git"));
+    let cwd = env.dir("w");
+    let cache = env.path("cache");
+    let elsewhere = env.dir("elsewhere");
+    for url in ["git:../coord.git", "git:../coord.git#team"] {
+        let lock = Lock::new(&cwd, "s", "o/r")
+            .in_store(url)
+            .with_env("SKILL_LOCK_GIT_CACHE", cache.to_str().unwrap());
+        let hint = hint_of(&lock);
+        let absolute = format!("git:{}/../coord.git", cwd.display());
+        assert!(hint.contains(&absolute), "{hint}");
+        paste(&hint, &elsewhere, &[("SKILL_LOCK_GIT_CACHE", &cache)]);
+        free(&lock);
+    }
 }

@@ -115,6 +115,14 @@ impl GitStore {
         }
     }
 
+    /// The store's URL as given, but with a relative path to the remote
+    /// made absolute (as it was resolved), so that it names the same
+    /// remote from any directory (a hint, SPEC §8).
+    #[must_use]
+    pub fn url_from_anywhere(&self) -> String {
+        self.config.url_from_anywhere()
+    }
+
     fn ns_prefix(&self, base: &str) -> String {
         match &self.config.namespace {
             Some(ns) => format!("{base}{ns}/"),
