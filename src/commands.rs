@@ -43,7 +43,7 @@ pub fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatus> {
             Ok(ExitStatus::Error)
         }
         (Err(e), ..) => {
-            crate::output::unwritten(&e, "");
+            crate::output::unwritten(&e, &report.gist());
             Ok(ExitStatus::Error)
         }
     }

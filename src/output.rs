@@ -580,6 +580,19 @@ impl Report {
         }
     }
 
+    /// What the object said, for a note on stderr when it could not be
+    /// written: an error's message, else its `result`.
+    #[must_use]
+    pub fn gist(&self) -> String {
+        match self {
+            Self::Error(r) => format!("; it said: {}", r.message),
+            other => serde_json::to_value(other)
+                .ok()
+                .and_then(|v| Some(format!("; it was: {}", v["result"].as_str()?)))
+                .unwrap_or_default(),
+        }
+    }
+
     /// Writes the object on `channel`, in full, or says why it could not
     /// (a closed, full or broken standard output, SPEC §3).
     ///
@@ -605,11 +618,7 @@ impl Report {
         match self.write(channel) {
             Ok(()) => self.exit_status(),
             Err(e) => {
-                let then = match self {
-                    Self::Error(r) => format!("; it said: {}", r.message),
-                    _ => String::new(),
-                };
-                unwritten(&e, &then);
+                unwritten(&e, &self.gist());
                 ExitStatus::Error
             }
         }
