@@ -212,6 +212,25 @@ fn utf8(value: &OsString, what: &str) -> Result<String> {
         .ok_or_else(|| Error::Usage(format!("{what} is not valid UTF-8")))
 }
 
+/// The token of renew, release and check: `--token` (even empty: a token
+/// that matches nothing), else `SKILL_LOCK_TOKEN`, which must not be empty
+/// when set (SPEC §2): an agent's shell that lost its token (a failed `jq`
+/// leaves the variable empty) must never act as if it had passed none,
+/// which for `release` would remove whoever's lock is there.
+fn token_of(flag: Option<&OsString>, env_token: Option<&OsString>) -> Result<Option<String>> {
+    match (flag, env_token) {
+        (Some(t), _) => utf8(t, "--token").map(Some),
+        (None, Some(t)) if t.is_empty() => Err(Error::Usage(
+            "SKILL_LOCK_TOKEN is set but empty (was the token lost?), so nothing was done: \
+             pass the token acquire printed (--token T or SKILL_LOCK_TOKEN=T), or unset \
+             SKILL_LOCK_TOKEN to act without a token"
+                .into(),
+        )),
+        (None, Some(t)) => utf8(t, "SKILL_LOCK_TOKEN").map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
 fn key_of(args: &LockArgs) -> Result<LockKey> {
     let skill = args.skill.to_str().ok_or_else(|| Error::InvalidSkill {
         skill: args.skill.to_string_lossy().into_owned(),
@@ -310,8 +329,7 @@ impl Command {
     /// `--token` wins over `SKILL_LOCK_TOKEN` (`env_token`), which never
     /// shows in another user's process list as an argument does.
     fn into_action(self, env_token: Option<&OsString>) -> Result<Action> {
-        let token =
-            |flag: Option<&OsString>| flag.or(env_token).map(|t| utf8(t, "--token")).transpose();
+        let token = |flag: Option<&OsString>| token_of(flag, env_token);
         Ok(match self {
             Self::Acquire(a) => {
                 // Checked before the rest so that a bad name wins over a bad pid.

@@ -19,12 +19,59 @@ use crate::store::{AnyStore, Store};
 /// Anything that stops the command before it reaches an outcome (nothing
 /// was printed then).
 pub fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatus> {
+    if matches!(settings.action, Action::Acquire { .. }) && crate::output::stdout_closed() {
+        // A token printed nowhere must not hold a lock (SPEC §3): with
+        // standard output closed, the lock is not even taken.
+        return Err(crate::error::Error::io(
+            "write the result to",
+            "standard output",
+            std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "it is closed, so a token would reach nobody; nothing was acquired",
+            ),
+        ));
+    }
     let store = settings.store.open()?;
     let report = match &settings.action {
         Action::List => return list(settings, &store),
         other => report(settings, &store, other)?,
     };
-    Ok(report.emit(channel))
+    match (report.write(channel), &settings.action, report.token()) {
+        (Ok(()), ..) => Ok(report.exit_status()),
+        (Err(e), Action::Acquire { key, .. }, Some(token)) => {
+            give_back(settings, &store, key, token, &e);
+            Ok(ExitStatus::Error)
+        }
+        (Err(e), ..) => {
+            crate::output::unwritten(&e, &report.gist());
+            Ok(ExitStatus::Error)
+        }
+    }
+}
+
+/// An `acquired` result that could not be written in full (standard
+/// output full, a broken pipe): its token reached nobody, so the lock is
+/// released again, with that token, so never anyone else's (SPEC §3).
+fn give_back(
+    settings: &Settings,
+    store: &AnyStore,
+    key: &LockKey,
+    token: &str,
+    why: &std::io::Error,
+) {
+    let then = match engine::release(store, key, Some(token), false, &context(settings)) {
+        Ok(engine::Release::Released { .. } | engine::Release::NotHeld) => {
+            "; the lock it acquired was released again".to_owned()
+        }
+        Ok(engine::Release::Refused { .. }) => {
+            "; the lock it acquired was taken over meanwhile, and left to its new holder".to_owned()
+        }
+        Err(e) => format!(
+            "; releasing the lock it acquired failed ({e}): it stays held, by a token \
+             nobody has, until its lease runs out (or an operator runs release --force)"
+        ),
+    };
+    crate::output::unwritten(why, &then);
 }
 
 /// The object of every action but `list` (which prints as it reads).
@@ -85,7 +132,7 @@ fn acquire(
     refuse_legacy_held(settings, key)?;
     let outcome = crate::wait::acquire_waiting(store, key, req, wait, &settings.clock)?;
     Ok(Report::acquire(outcome, about(store, key), || {
-        crate::hint::release_force(key, settings)
+        crate::hint::release_force(key, settings, store)
     }))
 }
 
@@ -112,7 +159,7 @@ fn run(
         )? {
             crate::run::Outcome::NotAcquired(outcome) => {
                 Report::acquire(outcome, about(store, key), || {
-                    crate::hint::release_force(key, settings)
+                    crate::hint::release_force(key, settings, store)
                 })
             }
             crate::run::Outcome::Interrupted(sig) => Report::interrupted(about(store, key), sig),

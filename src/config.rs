@@ -38,8 +38,9 @@ pub struct Environment {
     pub launcher: Option<OsString>,
     /// `PATH`.
     pub path: Option<OsString>,
-    /// `SKILL_LOCK_TOKEN`, when set and not empty: the token renew, release
-    /// and check use when no `--token` is given (`run` sets it for CMD).
+    /// `SKILL_LOCK_TOKEN`, when set (empty too: that is a `usage` error
+    /// where a token is read, never "no token", SPEC §2): the token renew,
+    /// release and check use when no `--token` is given (`run` sets it for CMD).
     pub token: Option<OsString>,
     /// This program, when the OS says where it is.
     pub exe: Option<PathBuf>,
@@ -68,7 +69,7 @@ impl Environment {
             store: get("SKILL_LOCK_STORE"),
             launcher: get("SKILL_LOCK_LAUNCHER"),
             path: get("PATH"),
-            token: get("SKILL_LOCK_TOKEN"),
+            token: std::env::var_os("SKILL_LOCK_TOKEN"),
             exe: std::env::current_exe().ok(),
             under_uv: get("UV").is_some(),
             vars: var::ALL

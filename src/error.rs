@@ -134,6 +134,9 @@ fn io_advice(action: &str, e: &io::Error) -> &'static str {
         io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
             "it is read-only or another user's; use a store you can write, e.g. --store file:DIR"
         }
+        io::ErrorKind::BrokenPipe => {
+            "run it with standard output open and read, e.g. out=$(skill-lock acquire ...)"
+        }
         _ if matches!(action, "read" | "open" | "stat" | "resolve") => {
             "check that it exists and is readable by you"
         }

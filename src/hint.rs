@@ -5,8 +5,11 @@
 //! It starts with `$SKILL_LOCK_LAUNCHER` when set (a launch line, used as
 //! given), else with `skill-lock` when that name on `PATH` is this very
 //! program, else with this program's absolute path; it names the store
-//! (`--store`, made absolute) or the project root (`--root`) so that it
-//! reaches the same lock from any directory. Every word is shell-quoted.
+//! (`--store`, a relative `file:` or `git:` path made absolute) or the
+//! project root (`--root`, byte for byte, a root that is not UTF-8
+//! included) so that it reaches the same lock from any directory. Every
+//! word is shell-quoted, on one line a terminal only displays
+//! ([`crate::shell::quote_os`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -14,6 +17,8 @@ use std::path::{Path, PathBuf};
 use crate::config::{Environment, Settings, StoreSource};
 use crate::key::LockKey;
 pub use crate::shell::quote as shell_quote;
+use crate::shell::quote_os;
+use crate::store::AnyStore;
 
 /// How the hint names the store variable: the shell's spelling.
 #[cfg(unix)]
@@ -30,9 +35,10 @@ const PROGRAM: &str = if cfg!(windows) {
     "skill-lock"
 };
 
-/// The `release --force` command line for `key` in the settings' store.
+/// The `release --force` command line for `key` in the settings' store
+/// (`store`, as opened: a git store knows where its remote resolved to).
 #[must_use]
-pub fn release_force(key: &LockKey, settings: &Settings) -> String {
+pub fn release_force(key: &LockKey, settings: &Settings, store: &AnyStore) -> String {
     let mut line = launcher(&settings.env);
     let _ = write!(
         line,
@@ -49,15 +55,34 @@ pub fn release_force(key: &LockKey, settings: &Settings) -> String {
             line.push_str(STORE_VARIABLE);
         }
         (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
-            let url = absolute_url(url, &settings.env.cwd);
+            let url = match store {
+                AnyStore::Git(git) => git.url_from_anywhere(),
+                _ => absolute_url(url, &settings.env.cwd),
+            };
             let _ = write!(line, " --store {}", shell_quote(&url));
         }
         (_, _, Some(root)) => {
-            let _ = write!(line, " --root {}", shell_quote(&root.display().to_string()));
+            let _ = write!(line, " --root {}", quote_os(root_word(root).as_os_str()));
         }
         _ => {}
     }
     line
+}
+
+/// The root as the hint names it: itself, or, when its name ends in a
+/// newline (which a shell's command substitution would drop), the same
+/// directory spelled with a final `/`.
+fn root_word(root: &Path) -> PathBuf {
+    let ends_in_newline = root
+        .file_name()
+        .is_some_and(|n| n.as_encoded_bytes().last() == Some(&b'\n'));
+    if ends_in_newline {
+        let mut spelled = root.as_os_str().to_owned();
+        spelled.push("/");
+        PathBuf::from(spelled)
+    } else {
+        root.to_path_buf()
+    }
 }
 
 /// A `file:` URL with a relative directory, made absolute against `cwd`.
@@ -152,13 +177,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quoting() {
-        assert_eq!(shell_quote("apache/airflow"), "apache/airflow");
-        assert_eq!(shell_quote("/a b/c'd"), r"'/a b/c'\''d'");
-        assert_eq!(shell_quote(""), "''");
-    }
-
-    #[test]
     fn uvs_own_path_entry_is_not_the_shells() {
         let env = |under_uv| Environment {
             cwd: PathBuf::from("/w"),
@@ -200,7 +218,8 @@ mod tests {
                     ..Environment::default()
                 },
             };
-            release_force(&key, &settings)
+            let store = AnyStore::File(crate::store::fs::FileStore::new(Path::new("/w")));
+            release_force(&key, &settings, &store)
         };
         let line = hint(url, StoreSource::Env);
         assert_eq!(

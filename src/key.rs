@@ -6,6 +6,20 @@
 //! name carries their lowercase form while the key keeps the spelling the user
 //! gave for display. A trailing `.git` on the repo (as `git remote get-url`
 //! spells it) is dropped before anything else.
+//!
+//! Every name works on every command (SPEC §5 "Names"): where a store makes
+//! a path component or a ref of the name ([`LockKey::file_stem`],
+//! [`LockKey::ref_stem`]), a name that fits is used as it is, byte for byte
+//! what earlier versions used (an older and a newer binary find the same
+//! lock during an upgrade), and only a name that does not fit (the longest
+//! names are 267 bytes) takes a digest form: a readable prefix, `+` (which
+//! no name contains, so a digest stem never equals a name), and the SHA-256
+//! of the whole lowercase name. So the mapping stays injective and
+//! case-folded on both sides of the limit.
+
+use std::fmt::Write as _;
+
+use sha2::{Digest, Sha256};
 
 use crate::error::Error;
 
@@ -13,6 +27,29 @@ use crate::error::Error;
 pub const SKILL_MAX: usize = 64;
 /// Maximum length of each part of `owner/name`.
 pub const REPO_PART_MAX: usize = 100;
+/// The longest name: `<skill>@<owner>__<name>`.
+pub const NAME_MAX: usize = SKILL_MAX + 1 + REPO_PART_MAX + 2 + REPO_PART_MAX;
+
+/// The longest path component the tool creates, in bytes: `NAME_MAX` of
+/// Linux file systems (ext4, xfs, btrfs, tmpfs) and of macOS (APFS), and
+/// Windows' limit of 255 UTF-16 code units per component (NTFS, ReFS; the
+/// names here are ASCII, one unit a byte). Windows' limit on a whole path
+/// (`MAX_PATH`, 260) does not bind the file store, whose Windows layer
+/// opens every file relative to a directory handle with NT calls; git
+/// checks its own paths (`core.longpaths`).
+pub const COMPONENT_MAX: usize = 255;
+/// The longest suffix the file store appends to a lock's stem:
+/// `.fence.tmp` (`.lock`, `.guard`, `.fence` are shorter; a tombstone
+/// `<stem>.<pid>.<random>` cuts its stem short instead, as it is never
+/// looked up by name).
+pub const FILE_SUFFIX_MAX: usize = ".fence.tmp".len();
+/// The suffix git appends to a ref's file while it changes it.
+pub const REF_SUFFIX_MAX: usize = ".lock".len();
+/// Between the readable prefix and the digest of a stem made for a name
+/// that does not fit: a character no valid name contains.
+pub const DIGEST_SEPARATOR: char = '+';
+/// Hex digits of the SHA-256 in a digest stem.
+const DIGEST_HEX: usize = 64;
 
 /// A validated lock identity: one skill over one repository.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +185,40 @@ impl LockKey {
         format!("{}@{owner}__{name}", self.skill.to_ascii_lowercase())
     }
 
+    /// The lock's stem in the file store (`locks/<stem>.lock`,
+    /// `keys/<stem>.guard`, ...): the name when it and the longest suffix
+    /// fit in one path component, else its digest form (see the module doc).
+    #[must_use]
+    pub fn file_stem(&self) -> String {
+        self.stem(COMPONENT_MAX - FILE_SUFFIX_MAX, |_| true)
+    }
+
+    /// The last component of the lock's ref in the git store: the name
+    /// when git takes it as a ref component (no `..`, not ending in `.` or
+    /// `.lock`) and it fits with git's `.lock` appended, else its digest form.
+    #[must_use]
+    pub fn ref_stem(&self) -> String {
+        self.stem(COMPONENT_MAX - REF_SUFFIX_MAX, ref_component_ok)
+    }
+
+    fn stem(&self, max: usize, usable: fn(&str) -> bool) -> String {
+        let name = self.name();
+        if name.len() <= max && usable(&name) {
+            return name;
+        }
+        let mut digest = String::with_capacity(DIGEST_HEX);
+        for b in Sha256::digest(name.as_bytes()) {
+            let _ = write!(digest, "{b:02x}");
+        }
+        // Readable only: '.' becomes '-', so no ".." or trailing '.' reaches a ref.
+        let readable: String = name
+            .chars()
+            .take(max - 1 - DIGEST_HEX)
+            .map(|c| if c == '.' { '-' } else { c })
+            .collect();
+        format!("{readable}{DIGEST_SEPARATOR}{digest}")
+    }
+
     /// Parses a name made by [`LockKey::name`] back into a key (in lowercase).
     #[must_use]
     pub fn from_name(name: &str) -> Option<Self> {
@@ -162,6 +233,29 @@ impl LockKey {
     pub fn same_lock(&self, other: &Self) -> bool {
         self.name() == other.name()
     }
+}
+
+/// Is `name` usable as one component of a git ref (`git check-ref-format`)?
+/// Names start with a letter or digit and hold no character git refuses,
+/// so only these rules can fail.
+fn ref_component_ok(name: &str) -> bool {
+    !name.contains("..") && !name.ends_with('.') && !name.to_ascii_lowercase().ends_with(".lock")
+}
+
+/// Is `stem` a digest stem (a readable prefix, [`DIGEST_SEPARATOR`], 64
+/// lowercase hex digits)? Its key is then read from elsewhere (the
+/// record) and checked against it with [`LockKey::file_stem`] or
+/// [`LockKey::ref_stem`].
+#[must_use]
+pub fn is_digest_stem(stem: &str) -> bool {
+    stem.rsplit_once(DIGEST_SEPARATOR)
+        .is_some_and(|(readable, digest)| {
+            !readable.is_empty()
+                && digest.len() == DIGEST_HEX
+                && digest
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
 }
 
 #[cfg(test)]
@@ -227,6 +321,74 @@ mod tests {
         assert!(validate_repo("a_b/_c_").is_ok());
     }
 
+    /// A key of `skill_len`, `owner_len` and `name_len` characters.
+    fn sized(skill_len: usize, owner_len: usize, name_len: usize) -> LockKey {
+        LockKey::new(
+            &"s".repeat(skill_len),
+            &format!("{}/{}", "o".repeat(owner_len), "n".repeat(name_len)),
+        )
+        .unwrap()
+    }
+
+    /// What `git check-ref-format` refuses in one component of a ref.
+    fn git_takes_component(c: &str) -> bool {
+        !c.is_empty()
+            && !c.starts_with('.')
+            && !c.ends_with('.')
+            && !c.to_ascii_lowercase().ends_with(".lock")
+            && !c.contains("..")
+            && !c.contains("@{")
+            && c != "@"
+            && !c
+                .chars()
+                .any(|ch| ch.is_ascii_control() || " ~^:?*[\\".contains(ch))
+    }
+
+    #[test]
+    fn names_that_fit_keep_their_stem_byte_for_byte() {
+        // 64 + 1 + 100 + 2 + 78 = 245 bytes: with ".fence.tmp", 255.
+        let fits = sized(SKILL_MAX, REPO_PART_MAX, 78);
+        assert_eq!(fits.name().len(), COMPONENT_MAX - FILE_SUFFIX_MAX);
+        assert_eq!(fits.file_stem(), fits.name());
+        assert_eq!(fits.ref_stem(), fits.name());
+        let over = sized(SKILL_MAX, REPO_PART_MAX, 79);
+        assert_ne!(over.file_stem(), over.name());
+        assert!(is_digest_stem(&over.file_stem()));
+        // git's own budget is 250 (".lock"): 246..=250 keep their ref.
+        let ref_fits = sized(SKILL_MAX, REPO_PART_MAX, 83);
+        assert_eq!(ref_fits.name().len(), COMPONENT_MAX - REF_SUFFIX_MAX);
+        assert_eq!(ref_fits.ref_stem(), ref_fits.name());
+        assert!(is_digest_stem(
+            &sized(SKILL_MAX, REPO_PART_MAX, 84).ref_stem()
+        ));
+        let longest = sized(SKILL_MAX, REPO_PART_MAX, REPO_PART_MAX);
+        assert_eq!(longest.name().len(), NAME_MAX);
+        assert_eq!(
+            longest.file_stem().len() + FILE_SUFFIX_MAX,
+            COMPONENT_MAX,
+            "a digest stem uses the whole budget"
+        );
+        // Today's names, as every earlier version spelled them.
+        let k = LockKey::new("Issue-Triage", "Apache/Airflow.git").unwrap();
+        assert_eq!(k.file_stem(), "issue-triage@apache__airflow");
+        assert_eq!(k.ref_stem(), "issue-triage@apache__airflow");
+    }
+
+    #[test]
+    fn names_git_refuses_as_a_ref_take_the_digest_form_there_only() {
+        for (skill, repo) in [
+            ("a..b", "o/r"),
+            ("s", "o/r.lock"),
+            ("s", "o/r."),
+            ("s", "o/x..y"),
+        ] {
+            let k = LockKey::new(skill, repo).unwrap();
+            assert_eq!(k.file_stem(), k.name(), "{skill} {repo}");
+            assert!(is_digest_stem(&k.ref_stem()), "{skill} {repo}");
+            assert!(git_takes_component(&k.ref_stem()), "{}", k.ref_stem());
+        }
+    }
+
     fn part() -> impl Strategy<Value = String> {
         "[A-Za-z0-9._-]{1,12}"
     }
@@ -275,6 +437,45 @@ mod tests {
                 prop_assert_eq!(back.skill(), k.skill().to_ascii_lowercase());
                 prop_assert_eq!(back.repo(), k.repo().to_ascii_lowercase());
             }
+        }
+
+        /// Around the limits: stems are injective and case-folded exactly
+        /// as names are, on both sides of the limit; no component the
+        /// stores make passes 255 bytes; a ref stem is one git takes; a
+        /// digest stem never parses as a name.
+        #[test]
+        fn stems_are_injective_and_fit_at_the_limits(
+            s in "[A-Za-z0-9][A-Za-z0-9._-]{40,63}",
+            o in "[A-Za-z0-9][A-Za-z0-9.-]{80,99}",
+            n in "[A-Za-z0-9._-]{60,100}",
+            cut in 0usize..24, flip in 0usize..300, dots in any::<bool>(),
+        ) {
+            let n = if dots { format!("{n}..lock") } else { n };
+            let n = n.get(..n.len().min(REPO_PART_MAX)).unwrap_or(&n).to_owned();
+            let Ok(a) = LockKey::new(&s, &format!("{o}/{n}")) else { return Ok(()) };
+            // Near neighbours of `a`: cut short, one letter in another case,
+            // one character changed.
+            let short = &n[..n.len().saturating_sub(cut).max(1)];
+            let flipped: String = n.chars().enumerate()
+                .map(|(i, c)| if i == flip % n.len() { c.to_ascii_uppercase() } else { c })
+                .collect();
+            let changed: String = n.chars().enumerate()
+                .map(|(i, c)| if i == flip % n.len() { if c == 'x' { 'y' } else { 'x' } } else { c })
+                .collect();
+            for other in [short, &flipped, &changed] {
+                let Ok(b) = LockKey::new(&s.to_ascii_uppercase(), &format!("{o}/{other}")) else { continue };
+                let same = a.name() == b.name();
+                prop_assert_eq!(a.file_stem() == b.file_stem(), same, "{:?} {:?}", a, b);
+                prop_assert_eq!(a.ref_stem() == b.ref_stem(), same, "{:?} {:?}", a, b);
+            }
+            for (stem, suffix) in [(a.file_stem(), FILE_SUFFIX_MAX), (a.ref_stem(), REF_SUFFIX_MAX)] {
+                prop_assert!(stem.len() + suffix <= COMPONENT_MAX, "{}", stem);
+                prop_assert_eq!(is_digest_stem(&stem), stem != a.name());
+                if stem != a.name() {
+                    prop_assert!(LockKey::from_name(&stem).is_none());
+                }
+            }
+            prop_assert!(git_takes_component(&a.ref_stem()), "{}", a.ref_stem());
         }
 
         #[test]

@@ -69,6 +69,7 @@ pub mod signals;
 pub mod signals;
 pub mod store;
 pub mod vars;
+pub mod visible;
 pub mod wait;
 #[cfg(windows)]
 pub mod win;

@@ -584,33 +584,84 @@ impl Report {
         })
     }
 
-    /// Serializes to one line ending in `\n`.
+    /// Serializes to one line ending in `\n`, with nothing in it that a
+    /// terminal would act on ([`crate::visible::to_writer`]).
     #[must_use]
     pub fn to_line(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).unwrap_or_else(|e| {
-            format!(
+        let mut v = Vec::new();
+        if let Err(e) = crate::visible::to_writer(&mut v, self) {
+            v = format!(
                 r#"{{"result":"error","error":"internal","message":"cannot print result: {e}"}}"#
             )
-            .into_bytes()
-        });
+            .into_bytes();
+        }
         v.push(b'\n');
         v
     }
 
-    /// Prints the object on `channel` and returns its exit status. A
-    /// closed pipe is not an error.
-    #[must_use = "the exit status is the process's"]
-    pub fn emit(&self, channel: Channel) -> ExitStatus {
+    /// The token of an `acquired` object (the only one that carries it).
+    #[must_use]
+    pub fn token(&self) -> Option<&str> {
+        match self {
+            Self::Acquired(a) => Some(&a.token),
+            _ => None,
+        }
+    }
+
+    /// What the object said, for a note on stderr when it could not be
+    /// written: an error's message, else its `result`.
+    #[must_use]
+    pub fn gist(&self) -> String {
+        match self {
+            Self::Error(r) => format!("; it said: {}", r.message),
+            other => serde_json::to_value(other)
+                .ok()
+                .and_then(|v| Some(format!("; it was: {}", v["result"].as_str()?)))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Writes the object on `channel`, in full, or says why it could not
+    /// (a closed, full or broken standard output, SPEC §3).
+    ///
+    /// # Errors
+    /// The write error; [`std::io::ErrorKind::BrokenPipe`] for a standard
+    /// output that was closed when the process started.
+    pub fn write(&self, channel: Channel) -> std::io::Result<()> {
         let line = self.to_line();
-        let _ = match channel {
+        match channel {
             Channel::Stderr => std::io::stderr().lock().write_all(&line),
             Channel::Stdout => {
-                let mut out = stdout();
+                let mut out = open_stdout()?;
                 out.write_all(&line).and_then(|()| out.flush())
             }
-        };
-        self.exit_status()
+        }
     }
+
+    /// Prints the object on `channel` and returns its exit status: a
+    /// result that could not be written in full is a failure (2, said on
+    /// standard error), SPEC §3.
+    #[must_use = "the exit status is the process's"]
+    pub fn emit(&self, channel: Channel) -> ExitStatus {
+        match self.write(channel) {
+            Ok(()) => self.exit_status(),
+            Err(e) => {
+                unwritten(&e, &self.gist());
+                ExitStatus::Error
+            }
+        }
+    }
+}
+
+/// Says on standard error that the result was not written (`what_then`:
+/// what was done about it, e.g. "; the lock was released again").
+pub fn unwritten(e: &dyn std::fmt::Display, what_then: &str) {
+    let line = format!("the result could not be written to standard output ({e}){what_then}");
+    let _ = writeln!(
+        std::io::stderr(),
+        "skill-lock: {}",
+        crate::visible::visible(&line)
+    );
 }
 
 /// Where an invocation's one object goes.
@@ -642,6 +693,77 @@ fn stdout() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
 }
 
+/// Standard output, or an error when it was closed when the process
+/// started: what is written there then reaches nobody (SPEC §3).
+///
+/// # Errors
+/// [`std::io::ErrorKind::BrokenPipe`] when standard output was closed.
+pub fn open_stdout() -> std::io::Result<std::io::StdoutLock<'static>> {
+    if stdout_closed() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "standard output is closed",
+        ));
+    }
+    Ok(stdout())
+}
+
+/// Was standard output closed when the process started (so that nothing
+/// written there reaches anyone)?
+#[must_use]
+pub fn stdout_closed() -> bool {
+    sys::stdout_closed()
+}
+
+/// Whether standard output was closed at start, per platform.
+#[cfg(unix)]
+mod sys {
+    use std::os::fd::BorrowedFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    /// Was standard output closed when the process started? Rust's runtime
+    /// puts `/dev/null`, opened read-write, on a standard stream that was
+    /// closed (so that no file the process opens lands there, and writes
+    /// "succeed"); a shell's `>/dev/null` opens it write-only. So `/dev/null`
+    /// open read-write on fd 1 means "closed", and a result written there
+    /// reaches nobody.
+    pub fn stdout_closed() -> bool {
+        // SAFETY: fd 1 stays open for the whole process (the runtime made
+        // sure of that); it is only borrowed for the two calls below.
+        let fd = unsafe { BorrowedFd::borrow_raw(1) };
+        let Ok(flags) = rustix::fs::fcntl_getfl(fd) else {
+            return true; // no fd 1 at all
+        };
+        if flags & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDWR {
+            return false;
+        }
+        let Ok(out) = fd.try_clone_to_owned().map(std::fs::File::from) else {
+            return false;
+        };
+        let (Ok(out), Ok(null)) = (out.metadata(), std::fs::metadata("/dev/null")) else {
+            return false;
+        };
+        out.file_type().is_char_device()
+            && null.file_type().is_char_device()
+            && out.rdev() == null.rdev()
+    }
+}
+
+/// Whether standard output was closed at start, per platform.
+#[cfg(windows)]
+mod sys {
+    use windows_sys::Win32::Foundation::INVALID_HANDLE_VALUE;
+    use windows_sys::Win32::System::Console::{GetStdHandle, STD_OUTPUT_HANDLE};
+
+    /// Was the process started without a standard output handle? (Rust's
+    /// runtime then drops what is written there, as if it were written.)
+    pub fn stdout_closed() -> bool {
+        // SAFETY: GetStdHandle has no preconditions.
+        let h = unsafe { GetStdHandle(STD_OUTPUT_HANDLE) };
+        h.is_null() || h == INVALID_HANDLE_VALUE
+    }
+}
+
 /// Prints the completion script of `cmd` for `shell` on stdout (SPEC §2).
 pub fn print_completions(cmd: &mut clap::Command, shell: clap_complete::Shell) -> ExitStatus {
     clap_complete::generate(shell, cmd, "skill-lock", &mut stdout());
@@ -658,7 +780,7 @@ struct ListWriter<W: Write> {
 impl<W: Write> ListWriter<W> {
     fn start(mut out: W, store: &str) -> std::io::Result<Self> {
         out.write_all(br#"{"result":"list","store":"#)?;
-        serde_json::to_writer(&mut out, store)?;
+        crate::visible::to_writer(&mut out, store)?;
         out.write_all(br#","locks":["#)?;
         Ok(Self { out, first: true })
     }
@@ -670,7 +792,7 @@ impl<W: Write> ListWriter<W> {
             self.out.write_all(b",")?;
         }
         self.first = false;
-        serde_json::to_writer(&mut self.out, &entry)?;
+        crate::visible::to_writer(&mut self.out, &entry)?;
         Ok(())
     }
 
@@ -706,7 +828,8 @@ impl<W: Write> Write for Counted<W> {
 
 /// Prints the `list` object of `store` on stdout, each lock as the engine
 /// judges it (at `ctx`) and hands it over, and returns its exit status. A
-/// closed pipe is not an error.
+/// result that could not be written in full (standard output closed, full
+/// or a broken pipe) is a failure, said on stderr (SPEC §3).
 ///
 /// # Errors
 /// A store failure before any byte reached stdout (the caller prints the
@@ -717,34 +840,88 @@ pub fn print_list(
     legacy: &[ListEntry],
     ctx: &Context,
 ) -> Result<ExitStatus, Error> {
-    let stdout = Counted {
-        inner: stdout(),
-        written: 0,
+    let failed = |e: &dyn std::fmt::Display| {
+        unwritten(e, "");
+        Ok(ExitStatus::Error)
+    };
+    let stdout = match open_stdout() {
+        Ok(out) => Counted {
+            inner: out,
+            written: 0,
+        },
+        Err(e) => return failed(&e),
     };
     let buffered = BufWriter::with_capacity(64 * 1024, stdout);
-    let Ok(mut list) = ListWriter::start(buffered, &store.describe()) else {
-        return Ok(ExitStatus::Success);
+    let mut list = match ListWriter::start(buffered, &store.describe()) {
+        Ok(list) => list,
+        Err(e) => return failed(&e),
     };
-    let mut closed = false;
+    let mut closed = None;
     let visited = engine::list(store, ctx, &mut |judged| {
         list.entry(judged).map_err(|e| {
-            closed = true;
+            closed = Some(e.to_string());
             Error::io("write", "standard output", e)
         })
     });
     match visited {
-        Ok(tombstones) => {
-            let _ = list.finish(tombstones, legacy);
-            Ok(ExitStatus::Success)
-        }
-        Err(_) if closed => Ok(ExitStatus::Success),
+        Ok(tombstones) => match list.finish(tombstones, legacy) {
+            Ok(_) => Ok(ExitStatus::Success),
+            Err(e) => failed(&e),
+        },
         Err(err) => {
+            if let Some(why) = closed {
+                return failed(&why);
+            }
             let (mut stdout, _unwritten) = list.out.into_parts();
             if stdout.written == 0 {
                 return Err(err);
             }
             let _ = stdout.write_all(b"\n");
             Ok(Report::error(&err, None).emit(Channel::Stderr))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn about() -> About {
+        About {
+            skill: "s".into(),
+            repo: "o/r".into(),
+            lock: "/p/run/locks/s@o__r.lock".into(),
+            clock_skew: None,
+        }
+    }
+
+    proptest! {
+        /// A holder whose host and note carry any characters (every
+        /// control, C1, bidi override, line separator) prints as one line
+        /// that a terminal only displays, and reads back as stored.
+        #[test]
+        fn any_host_and_note_print_as_one_safe_line(
+            host in "[\\x00-\\x{a0}\\x{2000}-\\x{206f}a-z]{0,24}",
+            note in "\\PC{0,8}[\\x00-\\x{9f}\\x{202a}-\\x{202e}]{0,16}",
+        ) {
+            let mut record = crate::record::tests::sample(Some(note.clone()));
+            record.holder.host = host.clone();
+            let fence = Some(record.holder.fence);
+            let report = Report::status(
+                crate::engine::Status {
+                    state: State::Held { holder: record.holder, expires_in: 5 },
+                    fence,
+                },
+                about(),
+            );
+            let line = String::from_utf8(report.to_line()).unwrap();
+            prop_assert!(line.ends_with('\n'));
+            let body = &line[..line.len() - 1];
+            prop_assert!(!body.chars().any(crate::visible::is_unsafe), "{:?}", body);
+            let back: serde_json::Value = serde_json::from_str(body).unwrap();
+            prop_assert_eq!(back["holder"]["host"].as_str(), Some(host.as_str()));
+            prop_assert_eq!(back["holder"]["note"].as_str(), Some(note.as_str()));
         }
     }
 }

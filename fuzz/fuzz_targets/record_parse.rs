@@ -1,6 +1,7 @@
 //! Any bytes given to `OwnerRecord::parse` either are refused or parse into a
 //! record that serializes and parses back to itself (what `renew` relies on
-//! when it rewrites a record it read), and parsing never panics.
+//! when it rewrites a record it read), and parsing never panics. Its host
+//! and note, whatever they carry, are shown with nothing a terminal acts on.
 //!
 //! Two inputs per run: the raw bytes, and a well-formed record whose three
 //! times are built from the same bytes as RFC 3339 text with edge-biased
@@ -11,6 +12,7 @@
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use skill_lock::record::OwnerRecord;
+use skill_lock::visible::{is_unsafe, to_writer, visible};
 
 fn round_trip(data: &[u8]) {
     let Ok(rec) = OwnerRecord::parse(data) else {
@@ -24,6 +26,25 @@ fn round_trip(data: &[u8]) {
         )
     });
     assert_eq!(again, rec, "the record changed through to_bytes");
+    shown_safely(&rec);
+}
+
+/// Whatever a record's host and note carry (a store writer can forge
+/// them), they reach a terminal as text it only displays: escaped on one
+/// line for stderr, and in JSON that reads back as stored (SPEC §3).
+fn shown_safely(rec: &OwnerRecord) {
+    let holder = &rec.holder;
+    for text in [Some(holder.host.as_str()), holder.note.as_deref()].into_iter().flatten() {
+        let shown = visible(text);
+        assert!(!shown.chars().any(is_unsafe), "{shown:?}");
+    }
+    let mut line = Vec::new();
+    to_writer(&mut line, holder).expect("a holder serializes");
+    let line = String::from_utf8(line).expect("JSON is UTF-8");
+    assert!(!line.chars().any(is_unsafe), "{line:?}");
+    let back: serde_json::Value = serde_json::from_str(&line).expect("JSON reads back");
+    assert_eq!(back["host"].as_str(), Some(holder.host.as_str()));
+    assert_eq!(back["note"].as_str(), holder.note.as_deref());
 }
 
 fn pick(u: &mut Unstructured, edges: &[u32], lo: u32, hi: u32) -> Result<u32> {

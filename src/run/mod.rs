@@ -491,10 +491,7 @@ fn on_renewal(
             None
         }
         Ok(Renew::NotOwner { holder, .. }) => {
-            eprintln!(
-                "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
-                holder.host, holder.owner_pid, holder.fence
-            );
+            Renewer::report_lost(&holder);
             Some(End::Lost(exited))
         }
         Ok(Renew::NotHeld { .. }) => {

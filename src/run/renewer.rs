@@ -4,6 +4,8 @@
 //! a margin before that end, so that the last of them is gone before it.
 
 use crate::clock::lease_clock;
+use crate::record::Holder;
+use crate::visible::visible;
 use std::time::Duration;
 
 /// How long before the confirmed lease end `run` starts stopping the
@@ -112,10 +114,23 @@ impl Renewer {
     pub fn report_failure(&mut self, why: &impl std::fmt::Display) {
         let now = lease_clock();
         eprintln!(
-            "skill-lock run: renewal failed ({why}); retrying; the lease ends in {} ms",
+            "skill-lock run: renewal failed ({}); retrying; the lease ends in {} ms",
+            visible(&why.to_string()),
             self.confirmed_end().saturating_sub(now).as_millis()
         );
         self.failed(now);
+    }
+
+    /// A renewal found the lock held by `holder`: says so on stderr, its
+    /// host shown so that a terminal acts on nothing in it (both
+    /// platforms' `run`; the record may be forged).
+    pub fn report_lost(holder: &Holder) {
+        eprintln!(
+            "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
+            visible(&holder.host),
+            holder.owner_pid,
+            holder.fence
+        );
     }
 
     /// How long to sleep from `now` before something is due (at most

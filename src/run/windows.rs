@@ -303,10 +303,7 @@ fn renewal_lost(
             false
         }
         Ok(Renew::NotOwner { holder, .. }) => {
-            eprintln!(
-                "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
-                holder.host, holder.owner_pid, holder.fence
-            );
+            Renewer::report_lost(&holder);
             true
         }
         Ok(Renew::NotHeld { .. }) => {

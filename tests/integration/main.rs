@@ -22,6 +22,7 @@ mod cli;
 mod conformance;
 mod docs;
 mod edges;
+mod edges27;
 mod etcd_faults;
 mod etcd_leases;
 mod etcd_nemesis;

@@ -4,13 +4,19 @@
 //!
 //! ```text
 //! .gitignore                 "*": nothing under run/ is ever committed
-//! locks/<name>.lock/owner.json   the lock and its complete record
-//! keys/<name>.guard          flock guard of one lock; never deleted
-//! keys/<name>.fence          the lock's fence counter; survives release
-//! tmp/<name>/                a lock directory being built (under the guard)
-//! tombs/<name>.<pid>.<rand>/ a removed lock on its way out
+//! locks/<stem>.lock/owner.json   the lock and its complete record
+//! keys/<stem>.guard          flock guard of one lock; never deleted
+//! keys/<stem>.fence          the lock's fence counter; survives release
+//! keys/<stem>.name           a digest stem's lock name (long names only)
+//! tmp/<stem>/                a lock directory being built (under the guard)
+//! tombs/<stem>.<pid>.<rand>/ a removed lock on its way out (stem cut short
+//!                            so that the whole fits in 255 bytes)
 //! history.jsonl, history.1.jsonl, history.lock   the event history
 //! ```
+//!
+//! `<stem>` is the lock's name `<skill>@<owner>__<name>` in lowercase, or,
+//! for a name too long for a path component with its suffixes, its digest
+//! form ([`LockKey::file_stem`]); no component is over 255 bytes.
 //!
 //! Invariants (argued in `docs/design.md`):
 //! - nothing in the layer is trusted: every file operation goes through the
@@ -54,7 +60,7 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::history::{Event, EventKind};
-use crate::key::LockKey;
+use crate::key::{COMPONENT_MAX, LockKey, is_digest_stem};
 use crate::liveness::{self, Origin};
 use crate::record::{OwnerRecord, random_suffix};
 use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
@@ -84,7 +90,28 @@ struct Parts {
 }
 
 fn lock_name(key: &LockKey) -> OsString {
-    OsString::from(format!("{}{LOCK_SUFFIX}", key.name()))
+    OsString::from(format!("{}{LOCK_SUFFIX}", key.file_stem()))
+}
+
+/// The key whose lock is `locks/<stem>.lock`: parsed from the stem, or,
+/// for a digest stem, the name kept beside its guard (`keys/<stem>.name`)
+/// or in its record; either is believed only when it maps to this stem.
+fn key_of_stem(locks: &Dir, keys: Option<&Dir>, stem: &str) -> Option<LockKey> {
+    if !is_digest_stem(stem) {
+        return LockKey::from_name(stem).filter(|k| k.file_stem() == stem);
+    }
+    let kept = keys
+        .and_then(|k| k.read_small(format!("{stem}.name")).ok().flatten())
+        .and_then(|b| String::from_utf8(b).ok());
+    let recorded = || match read::lock_dir(locks, &OsString::from(format!("{stem}{LOCK_SUFFIX}"))) {
+        Ok(Current::Held(seen)) => {
+            let h = &seen.record.holder;
+            LockKey::new(&h.skill, &h.repo).ok().map(|k| k.name())
+        }
+        _ => None,
+    };
+    let this = |name: String| LockKey::from_name(name.trim()).filter(|k| k.file_stem() == stem);
+    kept.and_then(this).or_else(|| recorded().and_then(this))
 }
 
 impl FileStore {
@@ -180,7 +207,7 @@ impl FileStore {
     }
 
     fn open_guard(keys: &Dir, key: &LockKey) -> Result<File> {
-        let name = format!("{}.guard", key.name());
+        let name = format!("{}.guard", key.file_stem());
         let Some(file) = keys.file(&name, Open::ReadWriteCreate)? else {
             return Err(Error::Internal(format!("{name} was not created")));
         };
@@ -208,7 +235,7 @@ impl Known {
     /// counts as none, and is reported when `warn` (it is about to be
     /// rebuilt); the history is read best-effort.
     fn read(keys: &Dir, run: &Dir, key: &LockKey, warn: bool) -> Result<Self> {
-        let name = format!("{}.fence", key.name());
+        let name = format!("{}.fence", key.file_stem());
         let counter = match keys.read_small(&name) {
             Ok(Some(t)) => {
                 let parsed = std::str::from_utf8(&t)
@@ -279,7 +306,7 @@ impl Parts {
     /// that holds it was planted or damaged. Names every such file, and how
     /// to go on.
     fn at_max(&self, key: &LockKey, known: &Known, seen_fence: u64) -> Error {
-        let counter = self.keys.join(format!("{}.fence", key.name()));
+        let counter = self.keys.join(format!("{}.fence", key.file_stem()));
         let record = self.locks.join(lock_name(key)).join(RECORD);
         let at_max: Vec<PathBuf> = [
             (known.counter, Some(counter.clone())),
@@ -316,17 +343,26 @@ impl Parts {
     ) -> Result<(OwnerRecord, Option<u64>)> {
         let (prior, fence) = self.next_fence(key, seen_fence)?;
         rec.holder.fence = fence;
+        let stem = key.file_stem();
         self.keys.replace(
-            &format!("{}.fence.tmp", key.name()),
-            format!("{}.fence", key.name()),
+            &format!("{stem}.fence.tmp"),
+            format!("{stem}.fence"),
             format!("{fence}\n").as_bytes(),
         )?;
+        if is_digest_stem(&stem) {
+            // What `list` names the lock by: a digest does not say.
+            self.keys.replace(
+                &format!("{stem}.name.tmp"),
+                format!("{stem}.name"),
+                key.name().as_bytes(),
+            )?;
+        }
         Ok((rec, Some(prior).filter(|p| *p > 0)))
     }
 
     /// Builds a complete lock directory `tmp/<name>` for `rec`.
     fn build(&self, key: &LockKey, rec: &OwnerRecord) -> Result<()> {
-        let name = OsString::from(key.name());
+        let name = OsString::from(key.file_stem());
         // A leftover of a run killed while building; we hold the guard.
         self.tmp.remove_tree(&name);
         let Some(built) = self.tmp.dir(&name, true)? else {
@@ -346,12 +382,12 @@ impl Parts {
     /// and only it, through the handle (`false`: nothing was there).
     fn bury(&self, key: &LockKey) -> Result<bool> {
         let lock = lock_name(key);
-        let tomb = OsString::from(format!(
-            "{}.{}.{}",
-            key.name(),
-            std::process::id(),
-            random_suffix()
-        ));
+        // Unique by pid and random suffix; the stem only helps a reader, so
+        // it is cut short where the whole would pass 255 bytes.
+        let suffix = format!(".{}.{}", std::process::id(), random_suffix());
+        let stem = key.file_stem();
+        let keep = COMPONENT_MAX.saturating_sub(suffix.len()).min(stem.len());
+        let tomb = OsString::from(format!("{}{suffix}", stem.get(..keep).unwrap_or("")));
         let from = lock.to_str().unwrap_or_default();
         match self.locks.rename(from, &self.tombs, &tomb, true) {
             Ok(()) => {
@@ -405,7 +441,7 @@ impl Parts {
         *buried = bury_first && self.bury(key)?;
         let lock = lock_name(key);
         self.tmp
-            .rename(&key.name(), &self.locks, &lock, true)
+            .rename(&key.file_stem(), &self.locks, &lock, true)
             .map_err(|e| Error::io("publish", self.locks.join(&lock), e))?;
         Ok(Written::as_given(rec).with_prior(prior))
     }
@@ -495,7 +531,7 @@ impl Store for FileStore {
         let Some(opened) = self.layer.open(false)? else {
             return Ok(None);
         };
-        let guard_name = format!("{}.guard", key.name());
+        let guard_name = format!("{}.guard", key.file_stem());
         let keys = opened.run.dir("keys", false)?;
         let guard = match &keys {
             Some(keys) => keys.file(&guard_name, Open::Read)?,
@@ -557,12 +593,13 @@ impl Store for FileStore {
         let Some((p, run, locks)) = self.open_locks()? else {
             return Ok(0);
         };
+        let keys_dir = run.dir("keys", false).ok().flatten();
         let mut keys: Vec<LockKey> = locks
             .names()?
             .iter()
             .filter_map(|n| n.to_str()?.strip_suffix(LOCK_SUFFIX))
             // A key parsed from a name has the repo in lowercase already.
-            .filter_map(LockKey::from_name)
+            .filter_map(|stem| key_of_stem(&locks, keys_dir.as_ref(), stem))
             .collect();
         keys.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
         for key in keys {

@@ -179,7 +179,12 @@ impl GitStore {
 
     /// Reads one lock: one ls-remote, and a fetch only when the commit is new here.
     pub(super) fn read_seen(&self, key: &LockKey, deadline: Instant) -> Result<RefState> {
-        let r = self.lock_ref(key);
+        self.read_seen_ref(&self.lock_ref(key), deadline)
+    }
+
+    /// [`Self::read_seen`] of the lock ref `r`.
+    pub(super) fn read_seen_ref(&self, r: &str, deadline: Instant) -> Result<RefState> {
+        let r = r.to_owned();
         let mut fetched = false;
         loop {
             let refs = self.ls_remote(std::slice::from_ref(&r), &r, deadline)?;

@@ -254,6 +254,28 @@ impl GitConfig {
         })
     }
 
+    /// The URL as given, but with a relative local path made absolute when
+    /// that is what the remote resolved to ([`GitConfig::resolve`]): a
+    /// remote's name, a URL or an absolute path stay as given.
+    #[must_use]
+    pub fn url_from_anywhere(&self) -> String {
+        let Some(rest) = self.url.strip_prefix("git:") else {
+            return self.url.clone();
+        };
+        let (given, namespace) = match rest.rsplit_once('#') {
+            Some((r, ns)) => (r, format!("#{ns}")),
+            None => (rest, String::new()),
+        };
+        let made_absolute = is_local_path(given)
+            && Path::new(given).is_relative()
+            && self.remote == absolute_if_local(given, &self.checkout);
+        if made_absolute {
+            format!("git:{}{namespace}", self.remote)
+        } else {
+            self.url.clone()
+        }
+    }
+
     /// Resolves the remote: the name of a remote of the checkout becomes its
     /// push URL (else its URL) by `git remote get-url`, a local path is made
     /// absolute; what it resolved to is checked again as if typed.

@@ -2,7 +2,9 @@
 //! server to run.
 //!
 //! A lock is the ref `refs/skill-lock/[NAMESPACE/]<skill>@<owner>__<name>` on
-//! the remote. It points at a commit whose tree holds one file, `lock.json`:
+//! the remote (in lowercase; a name git does not take as a ref component, or
+//! too long for one, in its digest form, [`LockKey::ref_stem`]). It points
+//! at a commit whose tree holds one file, `lock.json`:
 //!
 //! ```text
 //! {"format":1,"state":"held","fence":7,"depth":12,"epoch":0,"record":{...owner record...}}
@@ -52,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::history::Event;
-use crate::key::LockKey;
+use crate::key::{LockKey, is_digest_stem};
 use crate::record::{OwnerRecord, random_suffix};
 use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
 
@@ -113,6 +115,14 @@ impl GitStore {
         }
     }
 
+    /// The store's URL as given, but with a relative path to the remote
+    /// made absolute (as it was resolved), so that it names the same
+    /// remote from any directory (a hint, SPEC §8).
+    #[must_use]
+    pub fn url_from_anywhere(&self) -> String {
+        self.config.url_from_anywhere()
+    }
+
     fn ns_prefix(&self, base: &str) -> String {
         match &self.config.namespace {
             Some(ns) => format!("{base}{ns}/"),
@@ -121,7 +131,7 @@ impl GitStore {
     }
 
     fn lock_ref(&self, key: &LockKey) -> String {
-        format!("{}{}", self.ns_prefix(REF_PREFIX), key.name())
+        format!("{}{}", self.ns_prefix(REF_PREFIX), key.ref_stem())
     }
 
     fn archive_ref(&self, name: &str, slot: u64) -> String {
@@ -134,6 +144,20 @@ impl GitStore {
         let h = crate::record::hash_token(&self.config.remote);
         format!("refs/cache/{}/{remote_ref}", &h[..16])
     }
+}
+
+/// Is `name` (after the lock ref prefix) what a lock's ref is named?
+fn is_lock_stem(name: &str) -> bool {
+    LockKey::from_name(name).is_some_and(|k| k.ref_stem() == name) || is_digest_stem(name)
+}
+
+/// The key a digest stem `stem` stands for, read from the lock's record
+/// and believed only when it maps to that stem (lowercase, as a key
+/// parsed from a name is).
+fn recorded_key(current: &Current, stem: &str) -> Option<LockKey> {
+    let holder = &current.record()?.holder;
+    let name = LockKey::new(&holder.skill, &holder.repo).ok()?.name();
+    LockKey::from_name(&name).filter(|k| k.ref_stem() == stem)
 }
 
 /// An attempt whose push outcome was unknown, kept to recognise it later.
@@ -246,12 +270,13 @@ impl Store for GitStore {
         let deadline = Instant::now() + self.config.timeout;
         let prefix = self.ns_prefix(REF_PREFIX);
         let refs = self.ls_remote(&[format!("{prefix}*")], &prefix, deadline)?;
-        let mut named: Vec<(LockKey, String, String)> = refs
+        // A digest stem's key is known once its record is read.
+        let mut named: Vec<(Option<LockKey>, String, String)> = refs
             .into_iter()
             .filter_map(|(r, oid)| {
                 let name = r.strip_prefix(&prefix)?;
-                let key = LockKey::from_name(name)?;
-                Some((key, r, oid))
+                let key = LockKey::from_name(name).filter(|k| k.ref_stem() == name);
+                (key.is_some() || is_digest_stem(name)).then_some((key, r, oid))
             })
             .collect();
         named.sort_by(|a, b| a.1.cmp(&b.1));
@@ -265,15 +290,18 @@ impl Store for GitStore {
         let oids: Vec<&str> = named.iter().map(|(_, _, o)| o.as_str()).collect();
         let bodies = self.read_states(&oids)?;
         let mut locks = Vec::new();
-        for ((key, r, oid), body) in named.iter().zip(bodies) {
-            let seen = match self.interpret(oid, body)? {
+        for ((key, r, oid), body) in named.into_iter().zip(bodies) {
+            let seen = match self.interpret(&oid, body)? {
                 Some(seen) => seen,
-                None => self.read_seen(key, deadline)?,
+                None => self.read_seen_ref(&r, deadline)?,
             };
             if seen.current == Current::Free {
                 continue;
             }
-            locks.push(Listed::new(key.clone(), r.clone(), seen.current));
+            let Some(key) = key.or_else(|| recorded_key(&seen.current, &r[prefix.len()..])) else {
+                continue; // a digest stem whose record does not name it
+            };
+            locks.push(Listed::new(key, r, seen.current));
         }
         crate::store::visit_in_order(locks, visit)?;
         Ok(0)
@@ -284,7 +312,7 @@ impl Store for GitStore {
         let lock_prefix = self.ns_prefix(REF_PREFIX);
         let arch_prefix = self.ns_prefix(ARCHIVE_PREFIX);
         let patterns = match key {
-            Some(k) => vec![self.lock_ref(k), format!("{arch_prefix}{}/*", k.name())],
+            Some(k) => vec![self.lock_ref(k), format!("{arch_prefix}{}/*", k.ref_stem())],
             None => vec![format!("{lock_prefix}*"), format!("{arch_prefix}*")],
         };
         let refs = self.ls_remote(&patterns, "refs/", deadline)?;
@@ -293,13 +321,13 @@ impl Store for GitStore {
             std::collections::BTreeMap::new();
         for (r, oid) in &refs {
             if let Some(name) = r.strip_prefix(&lock_prefix) {
-                if LockKey::from_name(name).is_some() {
+                if is_lock_stem(name) {
                     chains.entry(name.to_owned()).or_default().1 = Some(oid.clone());
                 }
             } else if let Some((name, slot)) = r
                 .strip_prefix(&arch_prefix)
                 .and_then(|rest| rest.rsplit_once('/'))
-                && LockKey::from_name(name).is_some()
+                && is_lock_stem(name)
                 && slot.bytes().all(|b| b.is_ascii_digit())
             {
                 chains
@@ -476,7 +504,7 @@ impl GitStore {
         let archive = match (&seen.oid, seen.chainable) {
             (Some(old), true) => Some((
                 old.clone(),
-                self.archive_ref(&key.name(), seen.epoch % ARCHIVE_SLOTS),
+                self.archive_ref(&key.ref_stem(), seen.epoch % ARCHIVE_SLOTS),
             )),
             _ => None,
         };

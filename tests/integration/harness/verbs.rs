@@ -347,6 +347,15 @@ impl Lock {
             .fold(cmd, |cmd, (name, value)| cmd.env(name, value))
     }
 
+    /// A command about no one lock (`list`, `history` of the store), in the
+    /// same directory, store and environment.
+    pub fn store_cmd(&self, args: &[&str]) -> Cmd {
+        let cmd = Cmd::new(&self.cwd).args(args).args(&self.global);
+        self.env
+            .iter()
+            .fold(cmd, |cmd, (name, value)| cmd.env(name, value))
+    }
+
     /// Runs `verb` and reads its reply, checking that the exit status is
     /// the one its result means.
     #[track_caller]
