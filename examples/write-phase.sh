@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A batch skill's write phase under skill-lock, step by step as in
-# docs/write-lock.md: acquire, branch on the exit status, check before each of
-# three simulated posts, renew once, recap, release; and release in the
-# stop-and-surface path (a trap) when anything fails after the acquire.
+# docs/write-lock.md: status before reading, acquire --since, read again when
+# others_since (or status said held), renew before each of three simulated
+# posts, recap, release with the token; and release in the stop-and-surface
+# path (a trap) when anything fails after the acquire. The token travels in
+# SKILL_LOCK_TOKEN set for each command alone, never in a variable that must
+# outlive one shell.
 #
 #   examples/write-phase.sh [POSTS_FILE]
 #
@@ -52,11 +55,11 @@ lock() {
 
 token=""
 # Stop-and-surface path: whatever ends the script after the acquire, release
-# with the token first. With --token it never removes another run's lock.
+# with the token first. With the token it never removes another run's lock.
 release_on_exit() {
     local status=$?
     if [ -n "$token" ]; then
-        lock release --token "$token"
+        SKILL_LOCK_TOKEN=$token lock release
         echo "stop-and-surface: released with the token: $(get "$OUT" result) (exit $RC)"
     fi
     exit "$status"
@@ -65,8 +68,19 @@ trap release_on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# 1. Acquire before the first write.
-lock acquire --ttl 600 --note "write-phase.sh pid $$"
+# 1. Before reading, note the lock's state and fence.
+lock status
+if [ "$RC" != 0 ]; then
+    echo "status failed (exit $RC): $(get "$OUT" message)" >&2
+    exit 2
+fi
+state=$(get "$OUT" state)
+since=$(get "$OUT" fence)
+since=${since:-0}
+echo "read and classify (lock $state, fence $since): 3 posts to make"
+
+# 2. Acquire before the first write, with that fence.
+lock acquire --since "$since" --ttl 900 --note "write-phase.sh pid $$"
 case "$RC" in
     0)
         token=$(get "$OUT" token)
@@ -74,6 +88,9 @@ case "$RC" in
         echo "acquired $skill on $repo: fence $fence, lease until $(get "$OUT" expires)"
         if [ -n "$(get "$OUT" took_over)" ]; then
             echo "took over a stale lock ($(get "$OUT" took_over.reason)) started $(get "$OUT" took_over.holder.started)"
+        fi
+        if [ "$(get "$OUT" others_since)" = true ] || [ "$state" = held ]; then
+            echo "another run held the lock since the read: reading again before posting"
         fi
         ;;
     3)
@@ -89,9 +106,9 @@ case "$RC" in
         ;;
 esac
 
-# 2. Check before each post; renew once (a long run renews before its lease ends).
+# 3. Renew before each post: it also says at once when the lease was lost.
 for n in 1 2 3; do
-    lock check --token "$token"
+    SKILL_LOCK_TOKEN=$token lock renew
     case "$RC" in
         0) ;;
         4)
@@ -99,32 +116,17 @@ for n in 1 2 3; do
             exit 4
             ;;
         *)
-            echo "check failed (exit $RC): $(get "$OUT" message)" >&2
+            echo "renew failed (exit $RC): $(get "$OUT" message)" >&2
             exit 2
             ;;
     esac
     echo "post $n to $repo by $skill (fence $fence)" >>"$posts"
-    echo "posted $n ($(get "$OUT" expires_in) s of lease left)"
-
-    if [ "$n" = 2 ]; then
-        lock renew --token "$token"
-        case "$RC" in
-            0) echo "renewed: lease until $(get "$OUT" expires)" ;;
-            4)
-                echo "lease lost at renew ($(get "$OUT" result)): stopping posts now" >&2
-                exit 4
-                ;;
-            *)
-                echo "renew failed (exit $RC): $(get "$OUT" message)" >&2
-                exit 2
-                ;;
-        esac
-    fi
+    echo "renewed, posted $n (lease until $(get "$OUT" expires))"
 done
 
-# 3. Recap, then release with the token.
+# 4. Recap, then release with the token.
 echo "recap: 3 posts to $repo, in $posts"
-lock release --token "$token"
+SKILL_LOCK_TOKEN=$token lock release
 token="" # released (or refused): the exit trap has nothing left to do
 case "$RC" in
     0) echo "released ($(get "$OUT" result))" ;;
