@@ -108,6 +108,7 @@ fn run(
             wait,
             &program,
             cmd,
+            &crate::hint::reach(settings),
             &settings.clock,
         )? {
             crate::run::Outcome::NotAcquired(outcome) => {
