@@ -36,6 +36,7 @@ mod hostile;
 mod interleavings;
 mod linearizable;
 mod races;
+mod run_edges;
 mod run_tree;
 mod sandbox_pidns;
 mod store_contract;
