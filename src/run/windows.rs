@@ -28,8 +28,8 @@
 //! event, which the wrapper survives; `taskkill /t` reaches only a
 //! process's descendants), and a wrapper killed on purpose takes the whole
 //! job with it, so its death proves CMD's processes gone and the lock is
-//! `owner_dead` at once on the file store (a network store, which sees no
-//! processes, leaves it to its lease). CMD keeps the console's process
+//! `owner_dead` at once wherever the record's pid is judged (otherwise it
+//! is left to its lease). CMD keeps the console's process
 //! group: a group of its own (`CREATE_NEW_PROCESS_GROUP`) would stop
 //! Ctrl-C from reaching it.
 
