@@ -317,7 +317,8 @@ fn a_cmd_that_kills_its_own_group_never_frees_the_lock_while_its_daemon_lives() 
 fn wrapper_group_killed(git: bool) {
     let mut w = World::new(git);
     let (cmd_pid, child_pid) = (w.pidfile("C"), w.pidfile("K"));
-    let script = r#"echo $$ > "$1"; (trap '' TERM; while :; do sleep 0.05; done) & echo $! > "$2"; trap '' TERM; while :; do sleep 0.05; done"#;
+    // SIGTERM is ignored before either pid is written (and inherited).
+    let script = r#"trap '' TERM; sh -c 'echo $$ > "$1"; while :; do sleep 0.05; done' sh "$2" & echo $$ > "$1"; while :; do sleep 0.05; done"#;
     let mut run = w.spawn_run("10", script, &[&cmd_pid, &child_pid], true);
     let pids = [until_pid(&cmd_pid), until_pid(&child_pid)];
     let pgid = i32::try_from(run.id()).unwrap();

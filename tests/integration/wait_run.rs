@@ -1168,7 +1168,9 @@ fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
     let (witness, pidfile) = (env.path("W"), env.path("P"));
     // The leftover ignores SIGTERM, so run's stop waits a grace (1 s for
     // ttl 8) before its SIGKILL: the wrapper is SIGKILLed in that window.
-    let script = r#"(trap '' TERM; while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done) & echo $! > "$2"; exit 0"#;
+    // CMD exits only once the leftover ignores SIGTERM and has written (a
+    // SIGTERM before its `trap` ended it at once, and the test with it).
+    let script = r#"sh -c 'trap "" TERM; echo "$SKILL_LOCK_FENCE" >> "$1"; echo $$ > "$2"; while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done' sh "$1" "$2" & while [ ! -s "$2" ]; do sleep 0.01; done; exit 0"#;
     let mut child = spawn(
         &env,
         &repo,
