@@ -339,7 +339,11 @@ impl Command {
                 Action::Acquire { key, req, wait }
             }
             Self::Run(a) => {
-                let (key, req, wait) = a.take.validate(Some(std::process::id()))?;
+                // No pid makes a `run` lock stale: its owner is everything
+                // CMD starts (SPEC §2.7), which no one pid stands for once
+                // the keeper may be killed; the platform's `run` names what
+                // it can (the keeper's group; on Windows the wrapper).
+                let (key, req, wait) = a.take.validate(None)?;
                 Action::Run {
                     key,
                     req,

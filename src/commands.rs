@@ -155,6 +155,7 @@ fn run(
             wait,
             &program,
             cmd,
+            &crate::hint::reach(settings),
             &settings.clock,
         )? {
             crate::run::Outcome::NotAcquired(outcome) => {

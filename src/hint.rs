@@ -85,6 +85,24 @@ fn root_word(root: &Path) -> PathBuf {
     }
 }
 
+/// Where `run`'s keeper finds the same lock to release it when the
+/// wrapper died: the store as the hint names it (its URL, made absolute,
+/// or the project root), the URL only ever in the release's environment.
+#[must_use]
+pub fn reach(settings: &Settings) -> crate::run::Reach {
+    let choice = &settings.store;
+    match (choice.source, &choice.url) {
+        (StoreSource::Flag | StoreSource::Env, Some(url)) => crate::run::Reach {
+            root: None,
+            store: Some(absolute_url(url, &settings.env.cwd)),
+        },
+        _ => crate::run::Reach {
+            root: choice.root.clone(),
+            store: None,
+        },
+    }
+}
+
 /// A `file:` URL with a relative directory, made absolute against `cwd`.
 fn absolute_url(url: &str, cwd: &Path) -> String {
     match url.strip_prefix("file:") {

@@ -1,7 +1,9 @@
 //! The keeper: the process that owns everything CMD starts (SPEC §2.7).
 //!
 //! Invariant: **no process CMD started outlives the lease the wrapper last
-//! confirmed, and the keeper lives exactly as long as any of them does.**
+//! confirmed, the keeper lives exactly as long as any of them does, and
+//! the lock is released (by the wrapper, or by the keeper when the wrapper
+//! died) only once none of them is left.**
 //!
 //! The wrapper starts the keeper before it takes the lock, as a fresh exec
 //! of this same binary (`/proc/self/exe` on Linux) with [`KEEPER_ARG`], so
@@ -19,22 +21,31 @@
 //!   of CMD's that `setsid()`s, changes its group or double-forks is
 //!   re-parented to the keeper, never to init: it stays in the tree the
 //!   keeper walks ([`crate::liveness::tree`]) and reaps;
-//! - starts CMD as its child, in the keeper's own group (so the group's id,
-//!   the keeper's pid, is named in the lock's record as `owner_pgid` before
-//!   the lock is taken, and liveness holds the lock while any member of
-//!   that group lives: the keeper, and CMD's processes that stayed in it);
+//! - starts CMD as its child in a **process group of CMD's own** (made the
+//!   terminal's foreground when `run` was), never the keeper's: what CMD
+//!   signals to its group (`kill 0`, `kill -9 -PGID`) cannot reach the
+//!   keeper. The keeper's group (itself alone) is named in the lock's
+//!   record as `owner_pgid`, so the lock is held while the keeper lives;
 //! - stops the whole tree (SIGTERM and SIGCONT, the grace, then SIGKILL
 //!   until none is left) when the wrapper says so, when the stop moment
 //!   the wrapper last sent passes (the wrapper is frozen or starved), when
 //!   the wrapper's pipe closes (the wrapper died, however), and when CMD
 //!   exits leaving processes behind;
-//! - reaps every process re-parented to it and exits only once it has no
-//!   child left, that is once no process of the tree is left.
+//! - reaps every process re-parented to it and ends its watch only once it
+//!   has no child left and nothing of CMD's group is left either (where
+//!   there is no subreaper, members of that group may have another parent);
+//! - then reports `empty` and waits for the wrapper's `done`; when the
+//!   wrapper's pipe closes without it (the wrapper died, before or after
+//!   the tree ended), it runs this binary's `release` with the token in
+//!   `SKILL_LOCK_TOKEN` (never another run's lock) and the store's URL, when
+//!   one was named, in `SKILL_LOCK_STORE` ([`ReleaseOrder`]), then exits.
 //!
 //! Control messages (wrapper to keeper, fd 3 of the keeper) and reports
-//! (keeper to wrapper, fd 4) are text lines, each one `write` shorter than
-//! `PIPE_BUF`, so never torn. The token travels only over the pipe, never
-//! in the keeper's arguments.
+//! (keeper to wrapper, fd 4) are text lines; the only writer of each pipe
+//! is one process, and every line but the first (the release order, sent
+//! while the pipe is still empty) is one `write` shorter than `PIPE_BUF`.
+//! The token and the store's URL travel only over the pipe, never in the
+//! keeper's arguments.
 //!
 //! What escapes where the platform has no subreaper (macOS, other Unix):
 //! a process that leaves CMD's process group (`setsid`, `setpgid`) and
@@ -137,11 +148,17 @@ fn keeper_program() -> Result<PathBuf> {
 impl Keeper {
     /// Starts the keeper of `program` (with the words `cmd`, the first of
     /// which is its `argv[0]`); `grace` is the time between its SIGTERM and
-    /// SIGKILL. Its pid is the id of the group CMD will run in.
+    /// SIGKILL; `release` is how it releases the lock should this wrapper
+    /// die. Its pid is the id of the group it leads (CMD gets one of its own).
     ///
     /// # Errors
     /// [`Error::Internal`] when no pipe or process can be made.
-    pub fn start(grace: Duration, program: &Path, cmd: &[OsString]) -> Result<Self> {
+    pub fn start(
+        grace: Duration,
+        program: &Path,
+        cmd: &[OsString],
+        release: &ReleaseOrder,
+    ) -> Result<Self> {
         let pipe = || {
             std::io::pipe().map_err(|e| Error::Internal(format!("cannot make a pipe for run: {e}")))
         };
@@ -175,6 +192,11 @@ impl Keeper {
             ))
         })?;
         drop((control_r, report_w));
+        let mut control_w = control_w;
+        // Written while the pipe is empty and still blocking (it may be
+        // longer than `PIPE_BUF`: only this wrapper writes to it); a keeper
+        // that died already makes it fail, and then the reports say so.
+        let _ = control_w.write_all(release.line().as_bytes());
         // SAFETY: fcntl on our own descriptor: a keeper that stopped reading
         // (itself stopped) must never block the wrapper on a full pipe.
         unsafe {
@@ -194,7 +216,8 @@ impl Keeper {
         })
     }
 
-    /// The keeper's pid: the id of the process group it leads.
+    /// The keeper's pid: the id of the process group it leads (itself and
+    /// the `release` it may run; never CMD).
     #[must_use]
     pub fn pgid(&self) -> u32 {
         self.child.id()
@@ -224,6 +247,13 @@ impl Keeper {
     /// clock unless a later moment comes first.
     pub fn arm(&mut self, stop_at: Duration) {
         self.send(&format!("stop-at {}\n", stop_at.as_millis()));
+    }
+
+    /// Tells the keeper that this wrapper has dealt with the lock (released
+    /// it, or found it lost): it exits without releasing.
+    pub fn done(&mut self) {
+        self.send("done\n");
+        self.control = None;
     }
 
     /// Forwards `sig` to every process of the tree.
@@ -289,8 +319,82 @@ impl Drop for Keeper {
 
 // ------------------------------------------------------------ the keeper
 
+/// How long the keeper, once the tree is gone, waits at most for the
+/// wrapper to say it dealt with the lock before exiting without releasing
+/// (a wrapper that is stopped, not dead: it releases itself once resumed).
+/// Never much past the lease's end: while the keeper lives, the lock is
+/// held on this machine even past `expires`.
+const DONE_WAIT: Duration = Duration::from_secs(30);
+/// How long the keeper's own `release` may take before it is killed.
+const RELEASE_WAIT: Duration = Duration::from_secs(60);
+
+/// What the keeper runs to release the lock when the wrapper died: this
+/// binary's `release` with `args`, the token in `SKILL_LOCK_TOKEN` (a token
+/// release: it never removes another run's lock) and the store's URL, when
+/// one was named, in `SKILL_LOCK_STORE`: never in an argument, since it may
+/// carry credentials.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReleaseOrder {
+    /// The words after the program name (`release SKILL --repo=REPO ...`).
+    pub args: Vec<OsString>,
+    /// The store's URL, for the release's environment.
+    pub store: Option<OsString>,
+}
+
+impl ReleaseOrder {
+    /// One control line: `release STORE ARG...`, each word `x` and its
+    /// bytes in hex (`-`: no store), so any bytes survive a text line.
+    fn line(&self) -> String {
+        let mut line = String::from("release ");
+        match &self.store {
+            Some(url) => line.push_str(&hex(url)),
+            None => line.push('-'),
+        }
+        for arg in &self.args {
+            line.push(' ');
+            line.push_str(&hex(arg));
+        }
+        line.push('\n');
+        line
+    }
+
+    fn parse(rest: &str) -> Option<Self> {
+        let mut words = rest.split(' ');
+        let store = match words.next()? {
+            "-" => None,
+            word => Some(unhex(word)?),
+        };
+        let args = words.map(unhex).collect::<Option<Vec<_>>>()?;
+        Some(Self { args, store })
+    }
+}
+
+fn hex(word: &std::ffi::OsStr) -> String {
+    use std::fmt::Write as _;
+    word.as_encoded_bytes()
+        .iter()
+        .fold(String::from("x"), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+fn unhex(word: &str) -> Option<OsString> {
+    use std::os::unix::ffi::OsStringExt;
+    let digits = word.strip_prefix('x')?.as_bytes();
+    if digits.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some(OsString::from_vec(bytes))
+}
+
 /// What the keeper's threads hand its main loop.
 enum Msg {
+    Release(ReleaseOrder),
     Go {
         fence: u64,
         lend: bool,
@@ -301,6 +405,8 @@ enum Msg {
     Signal(libc::c_int),
     Stop,
     Quit,
+    /// The wrapper dealt with the lock: exit without releasing.
+    Done,
     /// The control pipe closed: the wrapper is gone.
     Gone,
     /// CMD (the keeper's first child) ended with this wait status.
@@ -311,6 +417,9 @@ enum Msg {
 
 impl Msg {
     fn parse(line: &str) -> Option<Self> {
+        if let Some(rest) = line.strip_prefix("release ") {
+            return ReleaseOrder::parse(rest).map(Self::Release);
+        }
         let mut words = line.splitn(5, ' ');
         Some(match words.next()? {
             "go" => Self::Go {
@@ -328,6 +437,7 @@ impl Msg {
             "signal" => Self::Signal(words.next()?.parse().ok()?),
             "stop" => Self::Stop,
             "quit" => Self::Quit,
+            "done" => Self::Done,
             _ => return None,
         })
     }
@@ -369,15 +479,9 @@ fn guard_signals() {
     }
 }
 
-/// The keeper's life; `None` when it was not started by `run` (no pipes).
-fn keeper_main(args: &[OsString]) -> Option<ExitCode> {
-    let grace = Duration::from_millis(args.first()?.to_str()?.parse().ok()?);
-    let program = PathBuf::from(args.get(1)?);
-    let words = args.get(2..).filter(|a| !a.is_empty())?;
-    if !is_fifo(CONTROL_FD) || !is_fifo(REPORT_FD) {
-        return None;
-    }
-    guard_signals();
+/// Takes over the two pipes the wrapper handed over, becomes a child
+/// subreaper (Linux), and starts the thread that reads control lines.
+fn take_pipes() -> (mpsc::Sender<Msg>, mpsc::Receiver<Msg>, std::fs::File) {
     // SAFETY: fcntl and prctl on this process; the two descriptors were
     // checked to be pipes, handed over by the wrapper, owned by no one
     // else here.
@@ -404,42 +508,63 @@ fn keeper_main(args: &[OsString]) -> Option<ExitCode> {
         }
         let _ = control_tx.send(Msg::Gone);
     });
+    (tx, rx, report)
+}
+
+/// The keeper's life; `None` when it was not started by `run` (no pipes).
+fn keeper_main(args: &[OsString]) -> Option<ExitCode> {
+    let grace = Duration::from_millis(args.first()?.to_str()?.parse().ok()?);
+    let program = PathBuf::from(args.get(1)?);
+    let words = args.get(2..).filter(|a| !a.is_empty())?;
+    if !is_fifo(CONTROL_FD) || !is_fifo(REPORT_FD) {
+        return None;
+    }
+    guard_signals();
+    let (tx, rx, report) = take_pipes();
     let mut tree = Tree {
         me: std::process::id(),
         cmd: None,
+        group: None,
         report,
         grace,
         stop_at: None,
         kill_at: None,
+        release: None,
+        token: String::new(),
+        orphaned: false,
+        childless: false,
     };
-    let (fence, lend, others_since, token) = loop {
+    let (fence, lend, others_since) = loop {
         match rx.recv() {
             Ok(Msg::Go {
                 fence,
                 lend,
                 others_since,
                 token,
-            }) => break (fence, lend, others_since, token),
+            }) => {
+                tree.token = token;
+                break (fence, lend, others_since);
+            }
+            Ok(Msg::Release(order)) => tree.release = Some(order),
             Ok(Msg::StopAt(at)) => tree.stop_at = Some(at),
             Ok(Msg::Quit | Msg::Gone) | Err(_) => return Some(ExitCode::SUCCESS),
             Ok(_) => {}
         }
     };
-    match tree.spawn(&program, words, &token, fence, others_since, lend) {
-        Ok(pid) => tree.say(&format!("started {pid}")),
-        Err(e) => {
-            tree.say(&format!(
-                "failed cannot run {}: {e}; check the command name and PATH",
-                program.display()
-            ));
-            return Some(ExitCode::SUCCESS);
-        }
+    if let Err(e) = tree.spawn(&program, words, fence, others_since, lend) {
+        tree.say(&format!(
+            "failed cannot run {}: {e}; check the command name and PATH",
+            program.display()
+        ));
+        return Some(ExitCode::SUCCESS);
     }
+    let started = format!("started {}", tree.cmd.unwrap_or(0));
+    tree.say(&started);
     release_stdio();
-    let reaper_tx = tx;
     let cmd = tree.cmd;
-    std::thread::spawn(move || reap_all(cmd, &reaper_tx));
+    std::thread::spawn(move || reap_all(cmd, &tx));
     tree.supervise(&rx);
+    tree.finish(&rx);
     Some(ExitCode::SUCCESS)
 }
 
@@ -484,16 +609,41 @@ fn reap_all(cmd: Option<u32>, tx: &mpsc::Sender<Msg>) {
     }
 }
 
+/// After `empty`: true when the wrapper's pipe closes before it says
+/// `done` (it died before it dealt with the lock), false once it says so or
+/// `until` passed (a wrapper stopped there releases once resumed).
+fn wrapper_dies_first(rx: &mpsc::Receiver<Msg>, until: Duration) -> bool {
+    while let Some(left) = until.checked_sub(lease_clock()) {
+        match rx.recv_timeout(left) {
+            Ok(Msg::Done | Msg::Quit) | Err(mpsc::RecvTimeoutError::Timeout) => return false,
+            Ok(Msg::Gone) | Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+            Ok(_) => {}
+        }
+    }
+    false
+}
+
 /// What the keeper owns, and its deadlines on the lease clock.
 struct Tree {
     me: u32,
+    /// CMD's pid while it runs.
     cmd: Option<u32>,
+    /// CMD's process group (its pid) and its leader's start time.
+    group: Option<(u32, Option<u64>)>,
     report: std::fs::File,
     grace: Duration,
     /// Stop the tree at this moment unless a later one is sent.
     stop_at: Option<Duration>,
     /// Stopping: SIGKILL what is left at this moment (again every 100 ms).
     kill_at: Option<Duration>,
+    /// How to release the lock should the wrapper die.
+    release: Option<ReleaseOrder>,
+    token: String,
+    /// The wrapper's pipe closed before it said `done`: it died.
+    orphaned: bool,
+    /// The keeper has no child left (CMD's group may still have members
+    /// where there is no subreaper).
+    childless: bool,
 }
 
 impl Tree {
@@ -501,28 +651,30 @@ impl Tree {
         let _ = self.report.write_all(format!("{line}\n").as_bytes());
     }
 
+    /// Starts CMD in a process group of its own (so that what it signals
+    /// to its group, `kill 0` or `kill -9 -PGID`, never reaches the keeper),
+    /// that group made the terminal's foreground with `lend`.
     fn spawn(
         &mut self,
         program: &Path,
         argv: &[OsString],
-        token: &str,
         fence: u64,
         others_since: Option<bool>,
         lend: bool,
-    ) -> std::io::Result<u32> {
-        let pgid = libc::pid_t::try_from(self.me).unwrap_or(0);
+    ) -> std::io::Result<()> {
         let mut command = Command::new(program);
         if let Some(arg0) = argv.first() {
             command.arg0(arg0);
         }
-        command.args(argv.iter().skip(1)).process_group(pgid);
-        super::lease_env(&mut command, token, fence, others_since);
-        // SAFETY: only async-signal-safe calls (tcsetpgrp, pthread_sigmask,
-        // signal) between fork and exec.
+        command.args(argv.iter().skip(1)).process_group(0);
+        super::lease_env(&mut command, &self.token, fence, others_since);
+        // SAFETY: only async-signal-safe calls (getpgrp, tcsetpgrp,
+        // pthread_sigmask, signal) between fork and exec; the group is set
+        // before these run.
         unsafe {
             command.pre_exec(move || {
                 if lend {
-                    set_foreground(pgid);
+                    set_foreground(libc::getpgrp());
                 }
                 signals::unblock_in_child();
                 for sig in IGNORED {
@@ -532,16 +684,23 @@ impl Tree {
             });
         }
         let child = command.spawn()?;
-        self.cmd = Some(child.id());
+        let pid = child.id();
+        self.cmd = Some(pid);
+        self.group = Some((pid, crate::liveness::process_start(pid)));
         // Reaped by `reap_all`, with everything else.
         drop(child);
-        Ok(self.cmd.unwrap_or(0))
+        Ok(())
+    }
+
+    /// Is anything of CMD's process group left? (Where there is a
+    /// subreaper, nothing once the keeper has no child.)
+    fn group_alive(&self) -> bool {
+        self.group
+            .is_some_and(|(pgid, start)| crate::liveness::group_alive(pgid, start) != Some(false))
     }
 
     /// Sends `sig` to every process of the tree but the keeper. Where the
-    /// platform cannot list them, to CMD and to the keeper's group (which
-    /// the keeper is in: it survives every signal but SIGKILL, and SIGKILL
-    /// is then its last act).
+    /// platform cannot list them, to CMD and to CMD's process group.
     fn signal(&self, sig: libc::c_int) {
         if let Some(members) = crate::liveness::tree(self.me) {
             for pid in members {
@@ -557,7 +716,11 @@ impl Tree {
             // or the call fails harmlessly).
             unsafe { libc::kill(cmd, sig) };
         }
-        let _ = signals::send_group(self.me, sig);
+        if self.group_alive()
+            && let Some((pgid, _)) = self.group
+        {
+            let _ = signals::send_group(pgid, sig);
+        }
     }
 
     fn begin_stop(&mut self) {
@@ -572,6 +735,14 @@ impl Tree {
     /// The main loop once CMD runs: ends when no process of the tree is left.
     fn supervise(&mut self, rx: &mpsc::Receiver<Msg>) {
         loop {
+            if self.childless {
+                if !self.group_alive() {
+                    return;
+                }
+                // Members of CMD's group that the keeper does not parent
+                // (no subreaper here): stopped like the rest.
+                self.begin_stop();
+            }
             let now = lease_clock();
             if self.kill_at.is_none() && self.stop_at.is_some_and(|at| now >= at) {
                 self.begin_stop();
@@ -588,24 +759,90 @@ impl Tree {
             };
             // At most 200 ms: a resume from suspend is noticed on the clock.
             let timeout = wake.saturating_sub(now).min(Duration::from_millis(200));
+            let timeout = if self.childless {
+                timeout.min(Duration::from_millis(20))
+            } else {
+                timeout
+            };
             match rx.recv_timeout(timeout) {
-                Ok(Msg::StopAt(at)) => self.stop_at = Some(at),
-                Ok(Msg::Signal(sig)) => self.signal(sig),
-                Ok(Msg::Stop | Msg::Gone) => self.begin_stop(),
-                Ok(Msg::Exited(status)) => {
-                    let left = crate::liveness::tree(self.me).is_none_or(|m| !m.is_empty());
-                    self.say(&format!("exited {status} {}", u8::from(left)));
-                    self.cmd = None;
-                    // Whatever CMD left behind is stopped now (a no-op when
-                    // nothing is, and `Empty` follows at once).
-                    self.begin_stop();
-                }
-                Ok(Msg::Empty) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.say("empty");
-                    return;
-                }
-                Ok(Msg::Go { .. } | Msg::Quit) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Ok(msg) => self.on(&msg),
+                Err(mpsc::RecvTimeoutError::Disconnected) => self.childless = true,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
+        }
+    }
+
+    /// One message while CMD's tree runs.
+    fn on(&mut self, msg: &Msg) {
+        match *msg {
+            Msg::StopAt(at) => self.stop_at = Some(at),
+            Msg::Signal(sig) => self.signal(sig),
+            Msg::Stop => self.begin_stop(),
+            Msg::Gone => {
+                self.orphaned = true;
+                self.begin_stop();
+            }
+            Msg::Exited(status) => {
+                let left = self.group_alive()
+                    || crate::liveness::tree(self.me).is_none_or(|m| !m.is_empty());
+                self.say(&format!("exited {status} {}", u8::from(left)));
+                self.cmd = None;
+                // Whatever CMD left behind is stopped now (a no-op when
+                // nothing is, and `Empty` follows at once).
+                self.begin_stop();
+            }
+            Msg::Empty => self.childless = true,
+            Msg::Release(_) | Msg::Go { .. } | Msg::Quit | Msg::Done => {}
+        }
+    }
+
+    /// Once no process of the tree is left: says so, and releases the lock
+    /// itself when the wrapper is gone (died before, or dies before it says
+    /// it dealt with the lock); else exits and lets the wrapper release.
+    fn finish(&mut self, rx: &mpsc::Receiver<Msg>) {
+        if !self.orphaned {
+            self.say("empty");
+            // The lease the wrapper last confirmed ends a margin (twice
+            // the grace) after the stop moment it sent.
+            let now = lease_clock();
+            let lease_end = self.stop_at.map_or(now, |at| at + 2 * self.grace);
+            let until = (lease_end.max(now) + Duration::from_secs(1)).min(now + DONE_WAIT);
+            if !wrapper_dies_first(rx, until) {
+                return;
+            }
+        }
+        self.release_lock();
+    }
+
+    /// Runs this binary's `release` with the token (never another run's
+    /// lock), waiting for it at most [`RELEASE_WAIT`].
+    fn release_lock(&self) {
+        let (Some(order), Ok(program)) = (&self.release, keeper_program()) else {
+            return;
+        };
+        let mut command = Command::new(program);
+        command
+            .arg0("skill-lock")
+            .args(&order.args)
+            .env("SKILL_LOCK_TOKEN", &self.token)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        match &order.store {
+            Some(url) => command.env("SKILL_LOCK_STORE", url),
+            None => command.env_remove("SKILL_LOCK_STORE"),
+        };
+        let Ok(mut child) = command.spawn() else {
+            return;
+        };
+        let until = lease_clock() + RELEASE_WAIT;
+        while matches!(child.try_wait(), Ok(None)) {
+            if lease_clock() >= until {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
@@ -653,5 +890,39 @@ mod tests {
         assert!(matches!(Msg::parse("signal 2"), Some(Msg::Signal(2))));
         assert!(Msg::parse("go x 1 - t").is_none());
         assert!(Msg::parse("").is_none());
+        assert!(matches!(Msg::parse("done"), Some(Msg::Done)));
+    }
+
+    #[test]
+    fn a_release_order_survives_its_line_whatever_its_bytes() {
+        use std::os::unix::ffi::OsStringExt;
+        let order = ReleaseOrder {
+            args: vec![
+                "release".into(),
+                "s".into(),
+                "--repo=o/r".into(),
+                OsString::from_vec(b"--root=/a b/\xff\n\x00 x".to_vec()),
+            ],
+            store: Some("etcd://user:pa ss@host:2379/p".into()),
+        };
+        let line = order.line();
+        assert!(
+            line.ends_with('\n') && !line.trim_end().contains('\n'),
+            "{line}"
+        );
+        assert!(!line.contains("pa ss") && !line.contains("user"), "{line}");
+        match Msg::parse(line.trim_end()) {
+            Some(Msg::Release(back)) => assert_eq!(back, order),
+            _ => panic!("{line}"),
+        }
+        let none = ReleaseOrder {
+            args: vec!["release".into()],
+            store: None,
+        };
+        assert!(
+            matches!(Msg::parse(none.line().trim_end()), Some(Msg::Release(back)) if back == none)
+        );
+        assert!(Msg::parse("release - x6").is_none(), "odd hex");
+        assert!(Msg::parse("release - 61").is_none(), "no x");
     }
 }

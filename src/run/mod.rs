@@ -6,17 +6,22 @@
 //! 1. CMD is resolved on PATH before the lock is touched ([`resolve`]).
 //! 2. A [`Keeper`] is started first (this binary again, `keeper.rs`): it
 //!    leads a process group of its own, outside the wrapper's group, and on
-//!    Linux is a child subreaper. Its pid is the group id, named in the
-//!    record (`owner_pgid`, with its start time) before the lock is taken;
-//!    liveness holds the lock while any member of that group lives
-//!    (`liveness::group_alive`), and the keeper is one until the last
-//!    process of CMD's tree is gone.
-//! 3. After the acquire the keeper starts CMD as its child, in its group
-//!    (with `SKILL_LOCK_TOKEN`, `SKILL_LOCK_FENCE` and, with `--since`,
-//!    `SKILL_LOCK_OTHERS_SINCE`: [`lease_env`]). What CMD starts
-//!    stays in the keeper's tree even when it leaves the group or the
-//!    session: it is re-parented to the keeper, not to init. Forwarded
-//!    signals go to every process of the tree.
+//!    Linux is a child subreaper. The wrapper hands it, over a pipe, how to
+//!    release the lock ([`Reach`]: the store's URL never in an argument).
+//!    Its pid is the group id named in the record (`owner_pgid`, with its
+//!    start time) before the lock is taken; the record names no `owner_pid`.
+//!    So the lock is held while the keeper lives, even past `expires`
+//!    (`liveness::group_alive`; the keeper lives until the last process of
+//!    CMD's tree is gone), and otherwise by its lease alone: no death of a
+//!    process makes it `owner_dead` while a daemon of CMD's may still run.
+//! 3. After the acquire the keeper starts CMD as its child in a **new
+//!    process group** of CMD's own (with `SKILL_LOCK_TOKEN`,
+//!    `SKILL_LOCK_FENCE` and, with `--since`, `SKILL_LOCK_OTHERS_SINCE`:
+//!    [`lease_env`]), so what CMD sends to its group (`kill 0`,
+//!    `kill -9 -PGID`) never reaches the keeper. What CMD starts stays in
+//!    the keeper's tree even when it leaves the group or the session: it
+//!    is re-parented to the keeper, not to init. Forwarded signals go to
+//!    every process of the tree.
 //! 4. A [`Renewer`] keeps the end of the lease it last confirmed on a clock
 //!    that never steps and counts suspend, renews every ttl/3, retries a
 //!    failed renewal quickly, and names the moment to stop: a margin before
@@ -24,19 +29,26 @@
 //!    the tree is stopped, SIGTERM then SIGKILL after a grace, all before
 //!    the confirmed end, and `run` exits 128+signal with `"lost": true`.
 //! 5. When CMD ends, what it left running is stopped the same way, and the
-//!    lock is released only once the keeper reports that nothing is left.
+//!    lock is released only once the keeper reports that nothing is left;
+//!    the wrapper then tells the keeper it is `done`.
 //! 6. The wrapper sends the keeper each moment to stop at (step 4), so a
 //!    wrapper that is stopped or starved, not dead, still has the tree
 //!    stopped before the confirmed lease ends; and when the wrapper dies
 //!    however (SIGKILL of it or of its whole group), the keeper's pipe
-//!    closes and it stops the tree at once. Until the tree is gone the lock
-//!    stays held on this machine, so no second writer starts meanwhile.
+//!    closes: it stops the tree at once and, once nothing of it is left,
+//!    releases the lock itself with the token (this binary's `release`).
+//! 7. When the keeper dies instead (a SIGKILL aimed at it), the wrapper
+//!    stops what it can reach of CMD (its process group), never releases
+//!    (a process CMD started may live on where nobody sees it), leaves the
+//!    lock to its lease, and reports `"lost": true`.
 
 mod keeper;
+mod reach;
 mod renewer;
 mod terminal;
 
-pub use keeper::{KEEPER_ARG, Keeper, Report, main_if_keeper};
+pub use keeper::{KEEPER_ARG, Keeper, ReleaseOrder, Report, main_if_keeper};
+pub use reach::Reach;
 pub use renewer::{Margins, Renewer};
 
 use std::ffi::OsString;
@@ -126,13 +138,26 @@ pub(super) unsafe fn errno() -> *mut libc::c_int {
     unsafe { libc::__error() }
 }
 
-/// Signals and polls a process group until none of it is left.
+/// Signals and polls a process group until none of it is left: CMD's,
+/// whose id is CMD's pid, with its leader's start time (a live process
+/// with that pid and another start time is not of it).
 #[derive(Debug, Clone, Copy)]
-struct Group(u32);
+struct Group {
+    pgid: u32,
+    start: Option<u64>,
+}
 
 impl Group {
+    /// CMD's group, CMD having started with this pid.
+    fn of_cmd(pid: u32) -> Self {
+        Self {
+            pgid: pid,
+            start: liveness::process_start(pid),
+        }
+    }
+
     fn alive(self) -> bool {
-        liveness::group_alive(self.0, None) != Some(false)
+        liveness::group_alive(self.pgid, self.start) != Some(false)
     }
 
     /// Polls until the group is gone or `limit` passed; true when gone.
@@ -155,17 +180,17 @@ impl Group {
         if !self.alive() {
             return None;
         }
-        signals::send_group(self.0, libc::SIGTERM);
+        signals::send_group(self.pgid, libc::SIGTERM);
         // A stopped member acts on SIGTERM only once continued.
-        signals::send_group(self.0, libc::SIGCONT);
+        signals::send_group(self.pgid, libc::SIGCONT);
         if self.gone_within(grace) {
             return Some(libc::SIGTERM);
         }
-        signals::send_group(self.0, libc::SIGKILL);
+        signals::send_group(self.pgid, libc::SIGKILL);
         if !self.gone_within(Duration::from_secs(5)) {
             eprintln!(
                 "skill-lock run: process group {} survives SIGKILL (a process in uninterruptible sleep?)",
-                self.0
+                self.pgid
             );
         }
         Some(libc::SIGKILL)
@@ -197,10 +222,12 @@ struct Lease<'a> {
 /// Acquires (waiting as asked, ended by a signal), has the keeper run CMD
 /// (`program`, found by [`resolve`] before anything touched the lock, with
 /// the words `cmd`) as the first process of the tree it owns, supervises
-/// the lease, and releases once no process of that tree is left (SPEC §2.7).
+/// the lease, and releases once no process of that tree is left (SPEC §2.7);
+/// `reach` tells the keeper how to release it should this wrapper die.
 ///
 /// # Errors
 /// Store failures of the acquire; the keeper or CMD failing to start.
+#[allow(clippy::too_many_arguments)]
 pub fn execute<S: Store + Clone + Send + 'static>(
     store: &S,
     key: &LockKey,
@@ -208,10 +235,19 @@ pub fn execute<S: Store + Clone + Send + 'static>(
     wait: Option<Duration>,
     program: &Path,
     cmd: &[OsString],
+    reach: &Reach,
     clock: &crate::engine::Clock,
 ) -> Result<Outcome> {
     let signals = Signals::listen();
-    let mut keeper = Keeper::start(Margins::of(req.ttl).grace, program, cmd)?;
+    let order = ReleaseOrder {
+        args: reach.release_args(key.skill(), key.repo()),
+        store: reach.store.clone().map(OsString::from),
+    };
+    let mut keeper = Keeper::start(Margins::of(req.ttl).grace, program, cmd, &order)?;
+    // Held while the keeper lives, even past `expires` (it lives as long as
+    // any process of the tree); once it is gone, by the lease alone: no pid
+    // whose death would make the lock stale while a daemon of CMD's runs.
+    req.owner_pid = None;
     req.owner_pgid = Some(keeper.pgid());
     let ttl = req.ttl;
     let waited =
@@ -259,8 +295,6 @@ fn supervise<S: Store + Clone + Send + 'static>(
     mut keeper: Keeper,
     signals: Signals,
 ) -> Result<Ran> {
-    let ctx = Context::here;
-    let group = Group(keeper.pgid());
     let mut renewer = Renewer::new(lease.ttl, lease.began);
     keeper.arm(renewer.stop_at());
     let terminal = Terminal::ours_in_foreground();
@@ -274,70 +308,108 @@ fn supervise<S: Store + Clone + Send + 'static>(
     keeper.reports(tx.clone(), Event::Keeper);
     signals.forward(tx.clone(), Event::Signal);
     let renew = renewal_worker(store, lease, tx);
-    let (end, renewals) = watch(&rx, &renew, &mut renewer, &mut keeper);
+    let watched = watch(&rx, &renew, &mut renewer, &mut keeper);
     drop(renew);
     let grace = renewer.margins().grace;
-    let (status, lost, settled, stopped_with) = match end {
+    let (status, lost, ending, stopped_with) = match watched.end {
         End::Failed(message) => {
             keeper.reap();
             drop(terminal);
-            let _ = engine::release(store, lease.key, Some(&lease.token), false, &ctx());
+            let _ = engine::release(
+                store,
+                lease.key,
+                Some(&lease.token),
+                false,
+                &Context::here(),
+            );
             return Err(Error::Usage(message));
         }
-        End::Done(status) => (status, false, true, None),
-        End::Lost(status) => {
+        End::Done(status) => (status, false, Ending::Empty, None),
+        End::Lost(status, true) => (status, true, Ending::Empty, Some(libc::SIGTERM)),
+        End::Lost(status, false) => {
             keeper.stop();
-            let (status, settled) =
-                settle(&rx, &mut keeper, status, grace + Duration::from_secs(5));
-            (status, true, settled, Some(libc::SIGTERM))
+            let (status, ending) = settle(&rx, &mut keeper, status, grace + Duration::from_secs(5));
+            (status, true, ending, Some(libc::SIGTERM))
         }
-        End::KeeperGone(status) => {
-            eprintln!(
-                "skill-lock run: the keeper of the command's processes is gone (killed?); stopping what is left of its process group"
-            );
-            (status, status.is_none(), true, None)
-        }
+        End::KeeperGone(status) => (status, true, Ending::KeeperGone, None),
     };
-    let stopped_with = if settled {
-        keeper.reap();
-        // Where the platform cannot list the tree (or the keeper was
-        // killed), what is left of the keeper's group: usually nothing.
-        group.stop(grace).or(stopped_with)
-    } else {
-        eprintln!(
-            "skill-lock run: processes the command started survive SIGKILL (uninterruptible sleep?); the keeper goes on stopping them and the lock stays held on this machine until they end"
-        );
-        stopped_with
+    // What is left of CMD's group, where the keeper could not stop it (it
+    // was killed); usually nothing.
+    let stopped_with = match ending {
+        Ending::Survivors => stopped_with,
+        Ending::Empty | Ending::KeeperGone => {
+            watched.group.and_then(|g| g.stop(grace)).or(stopped_with)
+        }
     };
     drop(terminal);
-    let released = settled
-        && matches!(
-            engine::release(store, lease.key, Some(&lease.token), false, &ctx()),
-            Ok(engine::Release::Released { .. })
-        );
-    Ok(ran(status, lost, stopped_with, renewals, released))
+    let released = match ending {
+        Ending::Empty => {
+            let released = matches!(
+                engine::release(
+                    store,
+                    lease.key,
+                    Some(&lease.token),
+                    false,
+                    &Context::here()
+                ),
+                Ok(engine::Release::Released { .. })
+            );
+            keeper.done();
+            keeper.reap();
+            released
+        }
+        Ending::KeeperGone | Ending::Survivors => false,
+    };
+    Ok(ran(status, lost, stopped_with, watched.renewals, released))
+}
+
+/// How the tree ended, for the release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The keeper reported that no process of it is left: release.
+    Empty,
+    /// The keeper vanished (SIGKILLed by pid): a process CMD started may
+    /// still run where no one sees it, so the lock is never released here
+    /// but left to its lease (SPEC §2.7).
+    KeeperGone,
+    /// Processes survive SIGKILL: the keeper goes on stopping them and
+    /// releases itself once they end (this wrapper's pipe closes unsaid).
+    Survivors,
 }
 
 /// After the keeper was told to stop the tree: waits (at most `limit`) for
-/// it to report that none is left; CMD's status when seen, and whether
-/// the tree is gone (or the keeper is).
+/// it to report that none is left; CMD's status when seen, and how the
+/// tree ended.
 fn settle(
     rx: &mpsc::Receiver<Event>,
     keeper: &mut Keeper,
     mut status: Option<ExitStatus>,
     limit: Duration,
-) -> (Option<ExitStatus>, bool) {
+) -> (Option<ExitStatus>, Ending) {
     let until = lease_clock() + limit;
     while let Some(left) = until.checked_sub(lease_clock()) {
         match rx.recv_timeout(left) {
             Ok(Event::Keeper(Report::Exited { status: s, .. })) => status = Some(s),
-            Ok(Event::Keeper(Report::Empty | Report::Gone)) => return (status, true),
+            Ok(Event::Keeper(Report::Empty)) => return (status, Ending::Empty),
+            Ok(Event::Keeper(Report::Gone)) => {
+                say_keeper_gone();
+                return (status, Ending::KeeperGone);
+            }
             Ok(Event::Signal(sig)) => keeper.signal(sig),
             Ok(_) => {}
             Err(_) => break,
         }
     }
-    (status, false)
+    eprintln!(
+        "skill-lock run: processes the command started survive SIGKILL (uninterruptible sleep?); the keeper goes on stopping them and releases the lock once they end"
+    );
+    (status, Ending::Survivors)
+}
+
+fn say_keeper_gone() {
+    eprintln!(
+        "skill-lock run: the keeper of the command's processes is gone (killed?); stopping what is left of the command's process group; the lock is not released (a process the command started may still run) but left to its lease"
+    );
 }
 
 /// The exit status and signal `run` reports.
@@ -395,25 +467,35 @@ fn renewal_worker<S: Store + Clone + Send + 'static>(
 enum End {
     /// No process of CMD's tree is left; CMD's status.
     Done(Option<ExitStatus>),
-    /// The lease was lost or ends unconfirmed; CMD's status, when already seen.
-    Lost(Option<ExitStatus>),
+    /// The lease was lost or ends unconfirmed; CMD's status, when already
+    /// seen, and whether the keeper already reported the tree gone.
+    Lost(Option<ExitStatus>, bool),
     /// CMD could not be started (the keeper's reason).
     Failed(String),
     /// The keeper vanished before the tree was empty; CMD's status, if seen.
     KeeperGone(Option<ExitStatus>),
 }
 
+/// What the watch came to.
+struct Watched {
+    end: End,
+    renewals: u64,
+    /// CMD's process group, once the keeper reported CMD started.
+    group: Option<Group>,
+}
+
 /// The supervisor's loop: forwards signals, schedules renewals, and ends
 /// when no process of CMD's tree is left, or the lease is lost or about to
-/// end unconfirmed.
+/// end unconfirmed, or the keeper is gone.
 fn watch(
     rx: &mpsc::Receiver<Event>,
     renew: &mpsc::Sender<()>,
     renewer: &mut Renewer,
     keeper: &mut Keeper,
-) -> (End, u64) {
+) -> Watched {
     let mut renewals = 0;
     let mut exited = None;
+    let mut group = None;
     loop {
         let now = lease_clock();
         if now >= renewer.stop_at() {
@@ -421,7 +503,12 @@ fn watch(
                 "skill-lock run: no renewal confirmed the lease, which ends in {} ms; stopping the command and everything it started",
                 renewer.confirmed_end().saturating_sub(now).as_millis()
             );
-            return (End::Lost(exited), renewals);
+            let end = End::Lost(exited, false);
+            return Watched {
+                end,
+                renewals,
+                group,
+            };
         }
         if renewer.due(now) && renew.send(()).is_ok() {
             renewer.sent();
@@ -431,14 +518,23 @@ fn watch(
                 keeper.signal(sig);
                 None
             }
-            Ok(Event::Keeper(report)) => on_report(report, &mut exited, renewer),
+            Ok(Event::Keeper(report)) => {
+                if let Report::Started(pid) = report {
+                    group = Some(Group::of_cmd(pid));
+                }
+                on_report(report, &mut exited, renewer)
+            }
             Ok(Event::Renewal { began, result }) => {
                 on_renewal(began, result, renewer, keeper, exited, &mut renewals)
             }
             Err(_) => None,
         };
         if let Some(end) = end {
-            return (end, renewals);
+            return Watched {
+                end,
+                renewals,
+                group,
+            };
         }
     }
 }
@@ -456,7 +552,7 @@ fn on_report(report: Report, exited: &mut Option<ExitStatus>, renewer: &Renewer)
         eprintln!(
             "skill-lock run: no renewal confirmed the lease in time; the command and everything it started were stopped"
         );
-        return Some(End::Lost(*exited));
+        return Some(End::Lost(*exited, report == Report::Empty));
     }
     match report {
         Report::Started(_) => None,
@@ -470,7 +566,10 @@ fn on_report(report: Report, exited: &mut Option<ExitStatus>, renewer: &Renewer)
             None
         }
         Report::Empty => Some(End::Done(*exited)),
-        Report::Gone => Some(End::KeeperGone(*exited)),
+        Report::Gone => {
+            say_keeper_gone();
+            Some(End::KeeperGone(*exited))
+        }
     }
 }
 
@@ -492,13 +591,13 @@ fn on_renewal(
         }
         Ok(Renew::NotOwner { holder, .. }) => {
             Renewer::report_lost(&holder);
-            Some(End::Lost(exited))
+            Some(End::Lost(exited, false))
         }
         Ok(Renew::NotHeld { .. }) => {
             eprintln!(
                 "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
             );
-            Some(End::Lost(exited))
+            Some(End::Lost(exited, false))
         }
         Err(e) => {
             renewer.report_failure(&e);

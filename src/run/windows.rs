@@ -21,10 +21,24 @@
 //! 5. Console events (Ctrl-C, Ctrl-Break, close) reach CMD from Windows
 //!    itself (it shares the console); the wrapper survives them (see
 //!    [`crate::signals`]) and reports a CMD ended by one as 128+number.
+//!
+//! What Unix needs a keeper for (SPEC §2.7, issue 27) holds here by the
+//! job: Windows has no signal to a process group that could reach the
+//! wrapper from CMD (`GenerateConsoleCtrlEvent` to group 0 is a console
+//! event, which the wrapper survives; `taskkill /t` reaches only a
+//! process's descendants), and a wrapper killed on purpose takes the whole
+//! job with it, so its death proves CMD's processes gone and the lock is
+//! `owner_dead` at once wherever the record's pid is judged (otherwise it
+//! is left to its lease). CMD keeps the console's process
+//! group: a group of its own (`CREATE_NEW_PROCESS_GROUP`) would stop
+//! Ctrl-C from reaching it.
 
+#[path = "reach.rs"]
+mod reach;
 #[path = "renewer.rs"]
 mod renewer;
 
+pub use reach::Reach;
 pub use renewer::{Margins, Renewer};
 
 use std::ffi::OsString;
@@ -131,10 +145,12 @@ enum Event {
 
 /// Acquires (waiting as asked, ended by a console event), runs CMD in a
 /// Job Object under the lease, and releases once no process of the job is
-/// left (SPEC §2.7).
+/// left (SPEC §2.7). `reach` is not needed here: this wrapper is the
+/// lock's recorded owner, and nothing of the job outlives it.
 ///
 /// # Errors
 /// Store failures of the acquire; CMD or the job failing to start.
+#[allow(clippy::too_many_arguments)]
 pub fn execute<S: Store + Clone + Send + 'static>(
     store: &S,
     key: &LockKey,
@@ -142,6 +158,7 @@ pub fn execute<S: Store + Clone + Send + 'static>(
     wait: Option<Duration>,
     program: &Path,
     cmd: &[OsString],
+    _reach: &Reach,
     clock: &crate::engine::Clock,
 ) -> Result<Outcome> {
     let signals = Signals::listen();

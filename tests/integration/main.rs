@@ -38,6 +38,7 @@ mod hostile_clone;
 mod interleavings;
 mod linearizable;
 mod races;
+mod run_edges;
 mod run_tree;
 mod sandbox_pidns;
 mod store_contract;

@@ -141,6 +141,22 @@ fn until_file(path: &Path) -> String {
     })
 }
 
+/// `holder` is the lock of the `run` whose wrapper is `child`: it names no
+/// pid whose death would make it stale (SPEC §2.7: the owner is what CMD
+/// starts), and its group is that of the wrapper's keeper.
+#[track_caller]
+fn assert_held_by_run(holder: &Value, child: &Child) {
+    assert_eq!(holder["owner_pid"], Value::Null, "{holder}");
+    let keeper = holder["owner_pgid"].as_u64().expect("owner_pgid");
+    let stat = std::fs::read_to_string(format!("/proc/{keeper}/stat")).unwrap();
+    let ppid = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1);
+    assert_eq!(
+        ppid,
+        Some(child.id().to_string().as_str()),
+        "the group is not the keeper's: {holder}"
+    );
+}
+
 #[track_caller]
 fn assert_free(env: &TestEnv, cwd: &Path) {
     let s = status(env, cwd);
@@ -417,7 +433,7 @@ fn run_forwards_sigterm_to_cmd_and_releases() {
         ],
     );
     let held = until_held(&env, &repo);
-    assert_eq!(held["holder"]["owner_pid"], child.id(), "{held}");
+    assert_held_by_run(&held["holder"], &child);
     until_file(&ready);
     signal(pid_of(&child), libc::SIGTERM);
     let out = finish(child, Duration::from_secs(20));
@@ -489,7 +505,7 @@ fn renewal_keeps_the_lock_past_its_ttl() {
     thread::sleep(Duration::from_millis(3500).saturating_sub(started.elapsed()));
     let other = acquire(&env, &repo, &[]);
     let v = other.expect(3, "already_running");
-    assert_eq!(v["holder"]["owner_pid"], child.id(), "{v}");
+    assert_held_by_run(&v["holder"], &child);
     let out = finish(child, Duration::from_secs(20));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
@@ -567,7 +583,7 @@ fn a_lease_lost_to_a_newcomer_stops_cmd_and_leaves_the_newcomer_alone() {
 }
 
 #[test]
-fn sigkill_of_run_stops_its_group_and_the_lock_is_stale_only_then() {
+fn sigkill_of_run_stops_its_group_and_the_keeper_releases_only_then() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let pidfile = env.path("P");
@@ -591,18 +607,17 @@ fn sigkill_of_run_stops_its_group_and_the_lock_is_stale_only_then() {
     signal(pid_of(&child), libc::SIGKILL);
     child.wait().unwrap();
 
-    // The keeper stops the group within the grace (1 s for ttl 8); the lock
-    // is owner_dead once nothing of the group is left, not before.
-    let s = until(Duration::from_secs(10), "owner_dead", || {
+    // The keeper stops the group within the grace (1 s for ttl 8) and then
+    // releases the lock itself (SPEC §2.7), once nothing of it is left.
+    let s = until(Duration::from_secs(10), "released", || {
         let s = status(&env, &repo);
         (s["state"] != "held").then_some(s)
     });
-    assert!(gone(cmd_pid), "the lock went stale while CMD lived: {s}");
-    assert_eq!(s["stale_reason"], "owner_dead", "{s}");
+    assert!(gone(cmd_pid), "the lock was freed while CMD lived: {s}");
+    assert_eq!(s["state"], "free", "{s}");
     let taken = acquire(&env, &repo, &[]);
     let v = taken.expect(0, "acquired");
-    assert_eq!(v["took_over"]["reason"], "owner_dead", "{v}");
-    assert_eq!(v["took_over"]["holder"]["owner_pid"], child.id(), "{v}");
+    assert_eq!(v["took_over"], Value::Null, "{v}");
 }
 
 /// SIGKILLs `pid` (a process a failing test would leave behind) when
@@ -746,7 +761,7 @@ fn sigkill_of_run_leaves_no_background_writer_beside_the_next_holder() {
 }
 
 #[test]
-fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
+fn a_live_keeper_holds_the_lock_past_its_expiry_until_its_tree_ends() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let w = WriterRun::new(&env, "1", "wait");
@@ -760,35 +775,34 @@ fn a_member_of_the_group_holds_the_lock_past_its_expiry_until_it_ends() {
         .unwrap();
     let (writer, _cleanup) = w.writer();
     let held = until_held(&env, &repo);
-    let pgid = i32::try_from(held["holder"]["owner_pgid"].as_u64().expect("owner_pgid")).unwrap();
-    // Nothing of skill-lock is left to stop the group: the wrapper and the
-    // group's keeper are SIGKILLed; the background writer goes on. The
-    // wrapper is stopped first, so it cannot act on the keeper's death in
-    // between (on a loaded machine it did, and stopped the writer).
+    let keeper = i32::try_from(held["holder"]["owner_pgid"].as_u64().expect("owner_pgid")).unwrap();
+    // Nothing of skill-lock can act: the wrapper and the keeper are both
+    // stopped; the background writer goes on past the 1 s lease.
     signal(pid_of(&child), libc::SIGSTOP);
-    signal(pgid, libc::SIGKILL);
-    signal(pid_of(&child), libc::SIGKILL);
-    child.wait().unwrap();
+    signal(keeper, libc::SIGSTOP);
     thread::sleep(Duration::from_millis(1500));
     assert!(!gone(writer));
 
     let s = status(&env, &repo);
     assert_eq!(
         s["state"], "held",
-        "a lock whose group still writes is not stale: {s}"
+        "a lock whose keeper lives is not stale, past its lease too: {s}"
     );
     let v = acquire(&env, &repo, &[]);
     v.expect(3, "already_running");
 
-    signal(writer, libc::SIGKILL);
-    let s = until(Duration::from_secs(5), "stale", || {
+    // The wrapper dies; the keeper, resumed, finds its stop moment passed
+    // and its wrapper gone: it stops the tree, then releases the lock.
+    signal(pid_of(&child), libc::SIGKILL);
+    child.wait().unwrap();
+    signal(keeper, libc::SIGCONT);
+    let s = until(Duration::from_secs(5), "released", || {
         let s = status(&env, &repo);
-        (s["state"] == "stale").then_some(s)
+        (s["state"] != "held").then_some(s)
     });
-    // Its lease ran out long ago, and its owners are gone: either reason.
     assert!(
-        matches!(s["stale_reason"].as_str(), Some("owner_dead" | "expired")),
-        "{s}"
+        gone(writer),
+        "the lock was freed while the writer lived: {s}"
     );
     let v = acquire(&env, &repo, &["--ttl", "60"]);
     let fence = v.expect(0, "acquired")["fence"].as_u64().unwrap();
@@ -1154,7 +1168,9 @@ fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
     let (witness, pidfile) = (env.path("W"), env.path("P"));
     // The leftover ignores SIGTERM, so run's stop waits a grace (1 s for
     // ttl 8) before its SIGKILL: the wrapper is SIGKILLed in that window.
-    let script = r#"(trap '' TERM; while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done) & echo $! > "$2"; exit 0"#;
+    // CMD exits only once the leftover ignores SIGTERM and has written (a
+    // SIGTERM before its `trap` ended it at once, and the test with it).
+    let script = r#"sh -c 'trap "" TERM; echo "$SKILL_LOCK_FENCE" >> "$1"; echo $$ > "$2"; while :; do echo "$SKILL_LOCK_FENCE" >> "$1"; sleep 0.02; done' sh "$1" "$2" & while [ ! -s "$2" ]; do sleep 0.01; done; exit 0"#;
     let mut child = spawn(
         &env,
         &repo,
