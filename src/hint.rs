@@ -55,9 +55,10 @@ pub fn release_force(key: &LockKey, settings: &Settings, store: &AnyStore) -> St
             line.push_str(STORE_VARIABLE);
         }
         (StoreSource::Flag | StoreSource::Env, Some(url), _) => {
-            let url = match store {
-                AnyStore::Git(git) => git.url_from_anywhere(),
-                _ => absolute_url(url, &settings.env.cwd),
+            let url = if let AnyStore::Git(git) = store {
+                git.url_from_anywhere()
+            } else {
+                absolute_url(url, &settings.env.cwd)
             };
             let _ = write!(line, " --store {}", shell_quote(&url));
         }
