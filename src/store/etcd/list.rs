@@ -2,7 +2,7 @@
 
 use super::EtcdStore;
 use super::client;
-use super::round::{View, read_key};
+use super::read::{View, read_key};
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::store::{Current, Listed};

@@ -23,7 +23,9 @@
 //! `etcd://` store is chosen; the file store never builds them.
 //!
 //! The files: `config` (the URL and its variables), `connect` (endpoints
-//! and deadlines), `round` (read-decide-act and settling a lost answer),
+//! and deadlines), `read` (a key and its lease, judged; a lookup that
+//! raced a revoke is read again), `round` (read-decide-act and settling a
+//! lost answer),
 //! `leases` (lease ends, grants, the short lease), `history`, `list`,
 //! `client` (the gRPC calls) and the generated `proto`.
 
@@ -38,12 +40,13 @@ mod leases;
 mod list;
 #[rustfmt::skip]
 mod proto;
+mod read;
 mod round;
 
 use client::{Client, Security};
 pub use config::EtcdConfig;
 use config::security;
-use round::{View, read_key};
+use read::{View, read_key};
 
 use crate::error::{Error, Result};
 use crate::history::Event;
