@@ -219,21 +219,25 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0] // every key
 }
 
-/// A read of one key.
+/// A read of one key (every range request carries a limit: no answer
+/// can grow with the store, SPEC §8).
 #[must_use]
 pub fn get(key: &str) -> RangeRequest {
     RangeRequest {
         key: key.as_bytes().to_vec(),
+        limit: 1,
         ..RangeRequest::default()
     }
 }
 
-/// A read of every key under `prefix`.
+/// A read of the first `limit` keys under `prefix` (a page: `limit` is at
+/// least 1, so no answer can grow with the store).
 #[must_use]
-pub fn get_prefix(prefix: &str) -> RangeRequest {
+pub fn get_prefix(prefix: &str, limit: i64) -> RangeRequest {
     RangeRequest {
         key: prefix.as_bytes().to_vec(),
         range_end: prefix_end(prefix.as_bytes()),
+        limit: limit.max(1),
         ..RangeRequest::default()
     }
 }
@@ -301,6 +305,13 @@ pub fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_read_carries_a_limit() {
+        assert_eq!(get("/p/locks/a").limit, 1);
+        assert_eq!(get_prefix("/p/", 100).limit, 100);
+        assert_eq!(get_prefix("/p/", 0).limit, 1, "never unlimited");
+    }
 
     #[test]
     fn prefix_ends() {

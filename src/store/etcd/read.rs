@@ -67,6 +67,27 @@ impl KeyState {
     }
 }
 
+/// A lease lookup: the remaining `ttl` and the `granted` TTL the cluster
+/// answered, asked between `before` and `after` on this host's clock.
+pub(super) struct Lookup {
+    ttl: i64,
+    granted: i64,
+    before: Now,
+    after: Now,
+}
+
+/// Asks the cluster how long `lease` has left.
+pub(super) async fn lookup(client: &mut Client, lease: i64) -> Result<Lookup, CallError> {
+    let before = Now::read();
+    let (ttl, granted) = client.lease_ttl(lease).await?;
+    Ok(Lookup {
+        ttl,
+        granted,
+        before,
+        after: Now::read(),
+    })
+}
+
 /// Reads one key; a leased record's expiry is the cluster's (see [`View`]
 /// and the module's invariant).
 pub(super) async fn read_key(
@@ -76,16 +97,19 @@ pub(super) async fn read_key(
 ) -> Result<KeyState, CallError> {
     let mut doubted: Option<i64> = None;
     for read in 1..=READS {
-        let before = Now::read();
         let resp = client.range(client::get(k)).await?;
         let revision = resp.header.map_or(0, |h| h.revision);
         let Some(kv) = resp.kvs.into_iter().next() else {
             return Ok(KeyState::free());
         };
+        let found = match kv.lease {
+            0 => None,
+            lease => Some(lookup(client, lease).await?),
+        };
         // The same key as the read that was doubted: its lease is gone.
         let believe = read == READS || doubted == Some(kv.mod_revision);
         let mod_revision = kv.mod_revision;
-        match judge(client, kv, revision, view, &before, believe).await? {
+        match judge(kv, revision, view, found.as_ref(), believe)? {
             Some(state) => return Ok(state),
             None => doubted = Some(mod_revision),
         }
@@ -95,15 +119,15 @@ pub(super) async fn read_key(
     )))
 }
 
-/// Judges one key as read at `revision` (the response's), its request sent
-/// at `before`: `None` when its lease lookup contradicts the record (see the
-/// module) and `believe` is false: the caller reads the key again.
-pub(super) async fn judge(
-    client: &mut Client,
+/// Judges one key as read at `revision` (the response's), with the lookup
+/// of its lease (`None` for a key with none): `None` when the lookup
+/// contradicts the record (see the module) and `believe` is false: the
+/// caller reads the key again.
+pub(super) fn judge(
     kv: KeyValue,
     revision: i64,
     view: View,
-    before: &Now,
+    found: Option<&Lookup>,
     believe: bool,
 ) -> Result<Option<KeyState>, CallError> {
     let current = match OwnerRecord::parse(&kv.value) {
@@ -115,16 +139,21 @@ pub(super) async fn judge(
             revisions_never_went_back(rec.holder.fence, revision)?;
             // A key with no lease (another tool, an older record) is judged
             // by its own `expires`, like any record.
-            let lease_end = if kv.lease == 0 {
-                LeaseEnd::Recorded
-            } else {
-                let (ttl, granted) = client.lease_ttl(kv.lease).await?;
-                let told = rec.holder.expires;
-                let end = lease_end(ttl, granted, view, before, &Now::read(), told);
-                if !believe && too_early(end, told) {
-                    return Ok(None);
+            let lease_end = match (kv.lease, found) {
+                (0, _) => LeaseEnd::Recorded,
+                (_, Some(l)) => {
+                    let told = rec.holder.expires;
+                    let end = lease_end(l.ttl, l.granted, view, &l.before, &l.after, told);
+                    if !believe && too_early(end, told) {
+                        return Ok(None);
+                    }
+                    LeaseEnd::Wall(end)
                 }
-                LeaseEnd::Wall(end)
+                (_, None) => {
+                    return Err(CallError::Fatal(Error::Internal(
+                        "a leased etcd key was judged without its lease".into(),
+                    )));
+                }
             };
             Current::Held(Seen {
                 record: rec,
