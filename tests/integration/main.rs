@@ -25,6 +25,7 @@ mod edges;
 mod etcd_faults;
 mod etcd_leases;
 mod etcd_nemesis;
+mod etcd_proxy;
 mod etcd_reads;
 mod etcd_tls;
 mod exact;

@@ -40,8 +40,10 @@ mod leases;
 mod list;
 #[rustfmt::skip]
 mod proto;
+mod proxy;
 mod read;
 mod round;
+mod tunnel;
 
 use client::{Client, Security};
 pub use config::EtcdConfig;

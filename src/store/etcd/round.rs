@@ -373,7 +373,8 @@ impl EtcdStore {
             }
             let budget = left.min(self.connect_budget());
             let attempt = async {
-                let mut c = Client::connect(ep, &self.security, budget, budget).await?;
+                let proxy = self.config.proxy_for(ep);
+                let mut c = Client::connect(ep, &self.security, proxy, budget, budget).await?;
                 c.lease_revoke(p.lease).await
             };
             if let Ok(Ok(())) = tokio::time::timeout(budget, attempt).await {
