@@ -2,7 +2,9 @@
 //! (`https_proxy`, `ALL_PROXY`, `all_proxy`), credentials in the proxy URL
 //! as `Proxy-Authorization: Basic`, `NO_PROXY` in each of its forms, a
 //! proxy that refuses (`store_unavailable` at once, naming the proxy and
-//! never its password) or is not there (within the time bound), and TLS
+//! never its password) or is not there (within the time bound), an
+//! endpoint in `NO_PROXY` that cannot be reached directly (tried through
+//! the proxy, as the sandbox needs), and TLS
 //! through the tunnel with names checked against the etcd endpoint, never
 //! the proxy. The proxy is this test's: a thread that accepts, reads the
 //! `CONNECT`, counts it and pipes bytes both ways. Loopback endpoints go
@@ -45,6 +47,12 @@ struct ConnectProxy {
 
 impl ConnectProxy {
     fn start(answer: Answer) -> Self {
+        Self::start_to(answer, None)
+    }
+
+    /// A proxy that tunnels every CONNECT to `to` when given, whatever its
+    /// target (an endpoint only the proxy can reach, as inside the sandbox).
+    fn start_to(answer: Answer, to: Option<String>) -> Self {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let connects = Arc::new(AtomicUsize::new(0));
@@ -52,8 +60,8 @@ impl ConnectProxy {
         let (n, t) = (connects.clone(), targets.clone());
         std::thread::spawn(move || {
             for client in l.incoming().flatten() {
-                let (n, t, answer) = (n.clone(), t.clone(), answer.clone());
-                std::thread::spawn(move || serve(client, &answer, &n, &t));
+                let (n, t, answer, to) = (n.clone(), t.clone(), answer.clone(), to.clone());
+                std::thread::spawn(move || serve(client, &answer, to.as_deref(), &n, &t));
             }
         });
         Self {
@@ -73,7 +81,13 @@ impl ConnectProxy {
 }
 
 /// One client of the proxy: its request head, the answer, then the pipe.
-fn serve(mut client: TcpStream, answer: &Answer, n: &AtomicUsize, t: &Mutex<Vec<String>>) {
+fn serve(
+    mut client: TcpStream,
+    answer: &Answer,
+    to: Option<&str>,
+    n: &AtomicUsize,
+    t: &Mutex<Vec<String>>,
+) {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
@@ -105,7 +119,7 @@ fn serve(mut client: TcpStream, answer: &Answer, n: &AtomicUsize, t: &Mutex<Vec<
         let _ = client.write_all(r);
         return;
     }
-    let Ok(server) = TcpStream::connect(target) else {
+    let Ok(server) = TcpStream::connect(to.unwrap_or(target)) else {
         let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n");
         return;
     };
@@ -257,6 +271,41 @@ fn no_proxy_forms_reach_the_endpoint_directly() {
             "{url} with NO_PROXY={no_proxy:?}"
         );
     }
+}
+
+/// An endpoint in `NO_PROXY` that cannot be reached directly (nothing
+/// listens there, as for loopback inside the sandbox, whose runtime lists
+/// loopback in `NO_PROXY`) is tried through the proxy.
+#[test]
+fn a_no_proxy_endpoint_unreachable_directly_is_tried_through_the_proxy() {
+    let test = "a_no_proxy_endpoint_unreachable_directly_is_tried_through_the_proxy";
+    let Some(ep) = common::etcd_endpoint(test) else {
+        return;
+    };
+    let env = TestEnv::new();
+    let cwd = env.git_repo("repo");
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let nothing_here = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let proxy = ConnectProxy::start_to(Answer::Tunnel(None), Some(ep));
+    let url = format!(
+        "etcd://{nothing_here}{}",
+        common::etcd_prefix(&env, "proxy")
+    );
+    let lock = Lock::new(&cwd, "fallback", "o/r").in_store(&url);
+    let e = [
+        ("HTTPS_PROXY", proxy.url()),
+        ("NO_PROXY", "localhost,127.0.0.1,::1,10.0.0.0/8".to_owned()),
+    ];
+    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let token = call(&lock, "acquire", &[], &e).token().to_owned();
+    assert!(matches!(
+        call(&lock, "release", &["--token", &token], &e),
+        Reply::Released { .. }
+    ));
+    assert_eq!(proxy.count(), 2, "one tunnel per command");
+    let targets = proxy.targets.lock().unwrap().clone();
+    assert!(targets.iter().all(|t| *t == nothing_here), "{targets:?}");
 }
 
 #[test]

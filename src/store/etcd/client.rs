@@ -38,6 +38,15 @@ pub enum CallFailure {
     /// The proxy could not be reached, or refused to tunnel to the endpoint.
     #[error("{0}")]
     Tunnel(TunnelFailure),
+    /// An endpoint in `NO_PROXY` could be reached neither directly nor
+    /// through the proxy.
+    #[error("{direct}; through the proxy: {proxied}")]
+    Fallback {
+        /// Why the direct connection failed.
+        direct: String,
+        /// Why the one through the proxy failed.
+        proxied: String,
+    },
 }
 
 /// An error and its sources, one after the other ("transport error: tcp
@@ -71,7 +80,7 @@ impl CallFailure {
                     | Code::Aborted
                     | Code::Unavailable
             ),
-            Self::Transport(_) => true,
+            Self::Transport(_) | Self::Fallback { .. } => true,
             Self::Tunnel(t) => t.retryable(),
         }
     }

@@ -30,7 +30,8 @@ pub struct EtcdConfig {
     pub user: Option<(String, String)>,
     /// Deadline of one command (`SKILL_LOCK_ETCD_TIMEOUT`, seconds).
     pub timeout: Duration,
-    /// The HTTP CONNECT proxy (`HTTPS_PROXY`...), when some endpoint goes through it.
+    /// The HTTP CONNECT proxy (`HTTPS_PROXY`...), when one is named (and
+    /// usable: a proxy variable no endpoint needs is never an error).
     pub proxy: Option<Proxy>,
     /// The endpoints reached directly (`NO_PROXY`).
     pub no_proxy: NoProxy,
@@ -114,6 +115,15 @@ impl EtcdConfig {
         self.proxy
             .as_ref()
             .filter(|_| !self.no_proxy.bypasses(endpoint))
+    }
+
+    /// The proxy an endpoint in `NO_PROXY` is tried through when it cannot
+    /// be reached directly at all.
+    #[must_use]
+    pub fn fallback_for(&self, endpoint: &str) -> Option<&Proxy> {
+        self.proxy
+            .as_ref()
+            .filter(|_| self.no_proxy.bypasses(endpoint))
     }
 }
 

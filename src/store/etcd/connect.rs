@@ -94,11 +94,42 @@ impl EtcdStore {
     /// accepts and then never answers is skipped. `Err(None)`: timed out.
     async fn connect_one(&self, ep: &str, left: Duration) -> Result<Client, Option<CallFailure>> {
         let budget = left.min(self.connect_budget());
-        let proxy = self.config.proxy_for(ep);
-        let connect = Client::connect(ep, &self.security, proxy, budget, self.call_budget());
-        match tokio::time::timeout(budget, connect).await {
-            Ok(r) => r.map_err(Some),
-            Err(_) => Err(None),
+        self.connect_within(ep, budget, self.call_budget()).await
+    }
+
+    /// [`Self::connect_one`] within `budget`, each request on the
+    /// connection within `call`. An endpoint in `NO_PROXY` is reached
+    /// directly; only when no direct connection can be opened at all
+    /// (refused, no route: as inside the agent's sandbox, whose runtime
+    /// lists loopback and the private networks in `NO_PROXY` while giving
+    /// commands no network but its proxy) is it tried through the proxy,
+    /// within what is left of `budget`.
+    pub(super) async fn connect_within(
+        &self,
+        ep: &str,
+        budget: Duration,
+        call: Duration,
+    ) -> Result<Client, Option<CallFailure>> {
+        let began = Instant::now();
+        let attempt = |proxy, budget| async move {
+            let connect = Client::connect(ep, &self.security, proxy, budget, call);
+            match tokio::time::timeout(budget, connect).await {
+                Ok(r) => r.map_err(Some),
+                Err(_) => Err(None),
+            }
+        };
+        let first = attempt(self.config.proxy_for(ep), budget).await;
+        match (first, self.config.fallback_for(ep)) {
+            (Err(Some(CallFailure::Transport(direct))), Some(proxy)) => {
+                let left = budget.saturating_sub(began.elapsed());
+                attempt(Some(proxy), left).await.map_err(|second| {
+                    Some(CallFailure::Fallback {
+                        direct: CallFailure::Transport(direct).to_string(),
+                        proxied: second.map_or_else(|| "timed out".into(), |e| e.to_string()),
+                    })
+                })
+            }
+            (first, _) => first,
         }
     }
 

@@ -9,8 +9,12 @@
 //! included: inside the agent's sandbox loopback is reached through the
 //! proxy too.
 //!
-//! Parsing is pure and reads no file; an endpoint that is reached directly
-//! never needs the proxy variable to make sense. Invariant: the proxy's
+//! An endpoint in `NO_PROXY` is reached directly; only when no direct
+//! connection can be opened at all is it tried through the proxy (inside
+//! the agent's sandbox the runtime lists loopback and the private networks
+//! in `NO_PROXY`, yet a command there has no network but the proxy).
+//! Parsing is pure and reads no file; a proxy variable only endpoints in
+//! `NO_PROXY` could fall back on never fails a command for being unusable. Invariant: the proxy's
 //! credentials appear only in the `Proxy-Authorization` header, never in a
 //! message, a `Debug` print or a result ([`Proxy::shown`] has none).
 
@@ -159,7 +163,9 @@ fn split_host_port(s: &str) -> (&str, Option<u16>) {
 }
 
 /// The proxy settings of an etcd store whose endpoints are `endpoints`:
-/// the proxy, when one is named and some endpoint is not in `NO_PROXY`.
+/// the proxy, when one is named, and `NO_PROXY`. A proxy URL this client
+/// cannot use is an error only when some endpoint is not in `NO_PROXY`
+/// (when all are, it is only a fallback: none).
 ///
 /// # Errors
 /// [`Error::Usage`] for a proxy URL this client cannot use, naming its
@@ -181,10 +187,11 @@ pub fn from_vars(vars: &Vars, endpoints: &[String]) -> Result<(Option<Proxy>, No
     let Some((from, url)) = named else {
         return Ok((None, no_proxy));
     };
-    if endpoints.iter().all(|e| no_proxy.bypasses(e)) {
-        return Ok((None, no_proxy));
+    match parse_proxy(from, url) {
+        Ok(p) => Ok((Some(p), no_proxy)),
+        Err(_) if endpoints.iter().all(|e| no_proxy.bypasses(e)) => Ok((None, no_proxy)),
+        Err(e) => Err(e),
     }
-    Ok((Some(parse_proxy(from, url)?), no_proxy))
 }
 
 /// Parses the proxy URL `url` that variable `from` holds.
@@ -381,7 +388,7 @@ mod tests {
         assert_eq!(p.unwrap().shown, "http://lower:1");
         let (p, _) = from_vars(&vars(&[(var::ALL_PROXY_LOWER, "all:2")]), &eps).unwrap();
         assert_eq!(p.unwrap().from, var::ALL_PROXY_LOWER);
-        // Every endpoint reached directly: the proxy variable is never parsed.
+        // Every endpoint reached directly: a proxy this client cannot use is no error.
         let (p, _) = from_vars(
             &vars(&[
                 (var::HTTPS_PROXY, "socks5://x:1"),

@@ -373,11 +373,12 @@ impl EtcdStore {
             }
             let budget = left.min(self.connect_budget());
             let attempt = async {
-                let proxy = self.config.proxy_for(ep);
-                let mut c = Client::connect(ep, &self.security, proxy, budget, budget).await?;
-                c.lease_revoke(p.lease).await
+                let Ok(mut c) = self.connect_within(ep, budget, budget).await else {
+                    return Ok(false);
+                };
+                c.lease_revoke(p.lease).await.map(|()| true)
             };
-            if let Ok(Ok(())) = tokio::time::timeout(budget, attempt).await {
+            if let Ok(Ok::<_, CallFailure>(true)) = tokio::time::timeout(budget, attempt).await {
                 return Error::StoreUnavailable(format!(
                     "{err}; nothing was taken (the attempt's lease was revoked)"
                 ));
