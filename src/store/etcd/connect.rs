@@ -48,8 +48,10 @@ impl EtcdStore {
                 let i = (start + step) % n;
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
+                    let also: Vec<&str> = refused.iter().flatten().map(String::as_str).collect();
                     return Err(unavailable(format!(
-                        "{last} (tried {})",
+                        "{} (tried {})",
+                        [vec![last.as_str()], also].concat().join("; "),
                         self.config.endpoints.join(", ")
                     )));
                 }
