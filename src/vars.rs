@@ -35,9 +35,21 @@ pub mod var {
     pub const GIT_SSH: &str = "GIT_SSH";
     /// Configuration entries the user passes git (the git store's follow them).
     pub const GIT_CONFIG_COUNT: &str = "GIT_CONFIG_COUNT";
+    /// The HTTP CONNECT proxy the etcd client goes through (as gRPC clients).
+    pub const HTTPS_PROXY: &str = "HTTPS_PROXY";
+    /// [`HTTPS_PROXY`], lowercase (read when the uppercase one is not set).
+    pub const HTTPS_PROXY_LOWER: &str = "https_proxy";
+    /// The proxy for every protocol: the etcd client's when no `HTTPS_PROXY`.
+    pub const ALL_PROXY: &str = "ALL_PROXY";
+    /// [`ALL_PROXY`], lowercase.
+    pub const ALL_PROXY_LOWER: &str = "all_proxy";
+    /// The hosts the etcd client reaches directly, not through the proxy.
+    pub const NO_PROXY: &str = "NO_PROXY";
+    /// [`NO_PROXY`], lowercase.
+    pub const NO_PROXY_LOWER: &str = "no_proxy";
 
     /// Every variable above: what [`super::Vars`] holds.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 21] = [
         GIT_TIMEOUT,
         CLOCK_SKEW,
         GIT_HISTORY_DEPTH,
@@ -53,6 +65,12 @@ pub mod var {
         GIT_SSH_COMMAND,
         GIT_SSH,
         GIT_CONFIG_COUNT,
+        HTTPS_PROXY,
+        HTTPS_PROXY_LOWER,
+        ALL_PROXY,
+        ALL_PROXY_LOWER,
+        NO_PROXY,
+        NO_PROXY_LOWER,
     ];
 }
 

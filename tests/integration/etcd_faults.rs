@@ -196,7 +196,10 @@ fn a_dead_holder_elsewhere_is_taken_over_no_earlier_than_its_lease() {
             .run()
     };
     let got = holder(&["acquire", "s", "--repo", "o/r", "--ttl", "4"]);
-    let token = got.expect(0, "acquired")["token"].as_str().unwrap().to_owned();
+    let token = got.expect(0, "acquired")["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let mut killed = Instant::now();
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(1300));

@@ -24,7 +24,7 @@ fn run(dir: &Path, args: &[&str]) {
 }
 
 /// CA, a server certificate for 127.0.0.1, and a client certificate.
-fn make_pki(dir: &Path) {
+pub fn make_pki(dir: &Path) {
     run(
         dir,
         &[

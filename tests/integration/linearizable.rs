@@ -18,9 +18,12 @@
 //! release and check answer from the holder, and **lease expiry**: the lock
 //! may be taken over, or found free, only once the lease the holder was
 //! last told (`expires` of its acquire or renew) has run out, judged on the
-//! wall clock of this machine, which every process here shares. Answers
-//! that are only conservative (`check` saying `expired`, `status` saying
-//! `stale`) may come earlier, since etcd truncates the remaining time.
+//! wall clock of this machine, which every process here shares. A reader
+//! may call the lease gone (`check` saying `expired`, `status` saying
+//! `stale`) at most one second earlier, the second etcd's truncation of the
+//! remaining time can cost, or when the owner is certainly dead (SPEC §8);
+//! a reader racing a release answers held or free. The workers draw an
+//! hour-long ttl too, so such a lie cannot hide in a short lease's window.
 //! Linearizability is local (Herlihy and Wing), so each lock's history is
 //! checked on its own: the workers move to a new lock every few seconds,
 //! which keeps each history small enough for the checker's search.
@@ -41,7 +44,8 @@
 
 use crate::common;
 
-use common::{Cmd, Rng, TestEnv, Value};
+use common::verbs::{self, Reply};
+use common::{Cmd, Rng, TestEnv};
 use skill_lock::record::Timestamp;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 use std::collections::BTreeMap;
@@ -109,12 +113,18 @@ pub enum Ret {
     Held {
         fence: u64,
     },
-    Expired,
+    /// check: the holder's lease is gone (or its owner is dead).
+    Expired {
+        ret_ms: i64,
+        owner_dead: bool,
+    },
     StatusHeld {
         fence: Option<u64>,
     },
     StatusStale {
         fence: Option<u64>,
+        ret_ms: i64,
+        owner_dead: bool,
     },
     StatusFree {
         ret_ms: i64,
@@ -148,6 +158,19 @@ impl LockModel {
     /// before the `expires` its holder was told.)
     fn gone_by(&self, at_ms: i64) -> bool {
         self.holder.as_ref().is_none_or(|h| at_ms >= h.expires_ms)
+    }
+
+    /// May a reader answering at `at_ms` call the holder's lease gone
+    /// (`stale`, `expired`)? Only within the second before the `expires`
+    /// its holder was told (etcd truncates the remaining time to whole
+    /// seconds), or when its owner is certainly dead (SPEC §8): never while
+    /// a release races it, never early.
+    fn may_look_gone(&self, at_ms: i64, owner_dead: bool) -> bool {
+        owner_dead
+            || self
+                .holder
+                .as_ref()
+                .is_none_or(|h| at_ms >= h.expires_ms.saturating_sub(TRUNCATION_MS))
     }
 
     fn holds(&self, token: &str) -> bool {
@@ -261,10 +284,25 @@ impl SequentialSpec for LockModel {
             (Op::Check { token }, Ret::Held { fence }) => {
                 self.holds(token) && self.fence_is(Some(*fence))
             }
-            // Conservative: the holder is told its lease is gone.
-            (Op::Check { token }, Ret::Expired) => self.holds(token),
-            (Op::Status, Ret::StatusHeld { fence } | Ret::StatusStale { fence }) => {
+            // Conservative, within the truncation window only: the holder
+            // is told its lease is gone.
+            (Op::Check { token }, Ret::Expired { ret_ms, owner_dead }) => {
+                self.holds(token) && self.may_look_gone(*ret_ms, *owner_dead)
+            }
+            (Op::Status, Ret::StatusHeld { fence }) => {
                 self.holder.is_some() && self.fence_is(*fence)
+            }
+            (
+                Op::Status,
+                Ret::StatusStale {
+                    fence,
+                    ret_ms,
+                    owner_dead,
+                },
+            ) => {
+                self.holder.is_some()
+                    && self.may_look_gone(*ret_ms, *owner_dead)
+                    && self.fence_is(*fence)
             }
             (Op::Status, Ret::StatusFree { ret_ms }) => self.gone_by(*ret_ms),
             _ => false,
@@ -274,6 +312,11 @@ impl SequentialSpec for LockModel {
 
 // ---------------------------------------------------------------------------
 // Histories and the verdict.
+
+/// How much earlier than the `expires` its holder was told a reader may
+/// call a lease gone: the second etcd's truncation of the remaining time
+/// can cost (SPEC §8).
+const TRUNCATION_MS: i64 = 1000;
 
 /// One call in a history.
 #[derive(Clone, Debug)]
@@ -435,38 +478,72 @@ fn wall_ms() -> i64 {
     .unwrap()
 }
 
-fn ms_of(v: &Value) -> i64 {
-    Timestamp::parse(v.as_str().unwrap_or_default()).map_or(i64::MIN, |t| t.0 * 1000)
+fn ms_of(time: &str) -> i64 {
+    Timestamp::parse(time).map_or(i64::MIN, |t| t.0 * 1000)
 }
 
-/// The answer of one invocation, read as the model's.
-fn read_answer(op: &Op, code: i32, v: &Value, ret_ms: i64) -> Option<Ret> {
-    let fence = v["holder"]["fence"].as_u64();
-    let result = v["result"].as_str()?;
-    Some(match (op, code, result) {
-        (Op::Acquire { .. }, 0, "acquired") => Ret::Acquired {
-            token: v["token"].as_str()?.to_owned(),
-            fence: v["fence"].as_u64()?,
-            expires_ms: ms_of(&v["expires"]),
+/// The answer of one invocation, read as the model's (from its typed
+/// mirror: the exit status the one its result means).
+fn read_answer(op: &Op, code: i32, reply: &Reply, ret_ms: i64) -> Option<Ret> {
+    let fence_of = |h: &Option<verbs::Holder>| h.as_ref().map(|h| h.fence);
+    let owner_dead = |reason: Option<&str>| reason == Some("owner_dead");
+    Some(match (op, code, reply) {
+        (
+            Op::Acquire { .. },
+            0,
+            Reply::Acquired {
+                token,
+                fence,
+                expires,
+                ..
+            },
+        ) => Ret::Acquired {
+            token: token.clone(),
+            fence: *fence,
+            expires_ms: ms_of(expires),
             ret_ms,
         },
-        (Op::Acquire { .. }, 3, "already_running") => Ret::AlreadyRunning { fence },
-        (Op::Renew { .. }, 0, "renewed") => Ret::Renewed {
-            fence: v["fence"].as_u64()?,
-            expires_ms: ms_of(&v["expires"]),
+        (Op::Acquire { .. }, 3, Reply::AlreadyRunning { holder, .. }) => Ret::AlreadyRunning {
+            fence: Some(holder.fence),
         },
-        (Op::Renew { .. } | Op::Check { .. }, 4, "not_owner") => Ret::NotOwner { fence },
-        (Op::Renew { .. } | Op::Check { .. }, 4, "not_held")
-        | (Op::Release { .. }, 0, "not_held") => Ret::NotHeld { ret_ms },
-        (Op::Release { .. }, 0, "released") => Ret::Released { fence },
-        (Op::Release { .. }, 4, "refused") => Ret::Refused { fence },
-        (Op::Check { .. }, 0, "held") => Ret::Held {
-            fence: v["fence"].as_u64()?,
+        (Op::Renew { .. }, 0, Reply::Renewed { fence, expires, .. }) => Ret::Renewed {
+            fence: *fence,
+            expires_ms: ms_of(expires),
         },
-        (Op::Check { .. }, 4, "expired") => Ret::Expired,
-        (Op::Status, 0, "status") => match v["state"].as_str()? {
-            "held" => Ret::StatusHeld { fence },
-            "stale" => Ret::StatusStale { fence },
+        (Op::Renew { .. } | Op::Check { .. }, 4, Reply::NotOwner { holder, .. }) => Ret::NotOwner {
+            fence: fence_of(holder),
+        },
+        (Op::Renew { .. } | Op::Check { .. }, 4, Reply::NotHeld { .. })
+        | (Op::Release { .. }, 0, Reply::NotHeld { .. }) => Ret::NotHeld { ret_ms },
+        (Op::Release { .. }, 0, Reply::Released { holder, .. }) => Ret::Released {
+            fence: fence_of(holder),
+        },
+        (Op::Release { .. }, 4, Reply::Refused { holder, .. }) => Ret::Refused {
+            fence: fence_of(holder),
+        },
+        (Op::Check { .. }, 0, Reply::Held { fence, .. }) => Ret::Held { fence: *fence },
+        (Op::Check { .. }, 4, Reply::Expired { stale_reason, .. }) => Ret::Expired {
+            ret_ms,
+            owner_dead: owner_dead(Some(stale_reason)),
+        },
+        (
+            Op::Status,
+            0,
+            Reply::Status {
+                state,
+                holder,
+                stale_reason,
+                ..
+            },
+        ) => match state.as_str() {
+            "held" => Ret::StatusHeld {
+                fence: fence_of(holder),
+            },
+            "stale" => Ret::StatusStale {
+                fence: fence_of(holder),
+                ret_ms,
+                owner_dead: owner_dead(stale_reason.as_deref()),
+            },
             "free" => Ret::StatusFree { ret_ms },
             _ => return None,
         },
@@ -557,12 +634,16 @@ fn run_call(target: &Target, slot: &Slot, op: &Op, lock: &str) -> (Option<Ret>, 
     let Some(code) = status.code() else {
         return (None, answered); // killed
     };
-    let v: Value = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    let reply: Reply = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not a known reply to {op:?} ({e}): {stdout}"));
     if code == 2 {
-        assert_eq!(v["error"], "store_unavailable", "{stdout}");
+        assert!(
+            matches!(&reply, Reply::Error { error, .. } if error == "store_unavailable"),
+            "{stdout}"
+        );
         return (None, answered);
     }
-    let ret = read_answer(op, code, &v, ret_ms);
+    let ret = read_answer(op, code, &reply, ret_ms);
     assert!(ret.is_some(), "unexpected answer to {op:?}: {stdout}");
     (ret, answered)
 }
@@ -673,7 +754,10 @@ pub fn drive(
                             held = Some((on.clone(), token.clone()))
                         }
                         (Op::Release { .. }, _)
-                        | (_, Some(Ret::NotOwner { .. } | Ret::NotHeld { .. } | Ret::Expired)) => {
+                        | (
+                            _,
+                            Some(Ret::NotOwner { .. } | Ret::NotHeld { .. } | Ret::Expired { .. }),
+                        ) => {
                             if let Some(h) = held.take() {
                                 old = Some(h);
                             }
@@ -874,6 +958,11 @@ fn pump(
 // ---------------------------------------------------------------------------
 // The three stores.
 
+/// A lease no run outlives: a reader that calls it gone while it is held
+/// (one racing a release, say) is caught, since only the last second of a
+/// lease may be called gone.
+const LONG: u64 = 3600;
+
 #[test]
 fn file_store_is_linearizable_under_client_kills() {
     let env = TestEnv::new();
@@ -881,7 +970,7 @@ fn file_store_is_linearizable_under_client_kills() {
     let target = Target {
         name: "file",
         make: Box::new(move || Cmd::new(&cwd)),
-        ttls: vec![1, 2],
+        ttls: vec![1, 2, LONG],
         epoch: Duration::from_secs(2),
         fault_every: Duration::from_millis(200),
     };
@@ -911,7 +1000,7 @@ fn etcd_store_is_linearizable_under_client_kills_and_a_freezing_member() {
                 .env("SKILL_LOCK_STORE", &url)
                 .env("SKILL_LOCK_ETCD_TIMEOUT", "2")
         }),
-        ttls: vec![1, 2, 3],
+        ttls: vec![1, 2, 3, LONG],
         epoch: Duration::from_secs(2),
         fault_every: Duration::from_millis(200),
     };
@@ -946,7 +1035,7 @@ fn git_store_is_linearizable_under_client_kills_and_dropped_connections() {
                 .env("SKILL_LOCK_GIT_CACHE", &cache)
                 .env("SKILL_LOCK_CLOCK_SKEW", "0")
         }),
-        ttls: vec![1, 2],
+        ttls: vec![1, 2, LONG],
         epoch: Duration::from_millis(1000),
         fault_every: Duration::from_millis(600),
     };
@@ -971,6 +1060,7 @@ mod planted {
     use skill_lock::error::Result;
     use skill_lock::history::Event;
     use skill_lock::key::LockKey;
+    use skill_lock::lease::StaleReason;
     use skill_lock::store::{Change, Committed, Current, Decision, Listed, Seen, Store, Written};
 
     /// Locks in memory; `cas: false` decides on a read and writes without
@@ -1105,14 +1195,19 @@ mod planted {
                     fence: holder.map(|h| h.fence),
                 },
                 Check::NotHeld => Ret::NotHeld { ret_ms: wall_ms() },
-                Check::Expired { .. } => Ret::Expired,
+                Check::Expired { reason, .. } => Ret::Expired {
+                    ret_ms: wall_ms(),
+                    owner_dead: reason == StaleReason::OwnerDead,
+                },
             },
             Op::Status => match engine::status(store, &key, &ctx).unwrap().state {
                 State::Held { holder, .. } => Ret::StatusHeld {
                     fence: Some(holder.fence),
                 },
-                State::Stale { holder, .. } => Ret::StatusStale {
+                State::Stale { holder, reason, .. } => Ret::StatusStale {
                     fence: holder.map(|h| h.fence),
+                    ret_ms: wall_ms(),
+                    owner_dead: reason == StaleReason::OwnerDead,
                 },
                 State::Free => Ret::StatusFree { ret_ms: wall_ms() },
             },
@@ -1268,6 +1363,95 @@ fn the_model_refuses_an_early_takeover_a_repeated_fence_and_a_ghost_nobody_made(
     );
     assert!(
         verdict(&[held_by_a, check("b", Ret::Held { fence: 1 })])
+            .violation
+            .is_some()
+    );
+}
+
+/// Readers may call a lease gone only in its last second, or when its
+/// owner is certainly dead: a `stale` or `expired` answer that races a
+/// release of a long lease is a lie (SPEC §8).
+#[test]
+fn the_model_lets_a_reader_call_a_lease_gone_only_in_its_last_second() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let call = |worker: usize, op: Op, from: u64, to: (Ret, u64)| Call {
+        worker,
+        lock: "l".into(),
+        op,
+        invoked: at(from),
+        answer: Some((to.0, at(to.1))),
+    };
+    let acquired = |expires_ms| {
+        call(
+            0,
+            Op::Acquire { ttl: 5, inv_ms: 0 },
+            0,
+            (
+                Ret::Acquired {
+                    token: "a".into(),
+                    fence: 1,
+                    expires_ms,
+                    ret_ms: 10,
+                },
+                10,
+            ),
+        )
+    };
+    let stale = |ret_ms, owner_dead| Ret::StatusStale {
+        fence: Some(1),
+        ret_ms,
+        owner_dead,
+    };
+    let release = call(
+        0,
+        Op::Release { token: "a".into() },
+        100,
+        (Ret::Released { fence: Some(1) }, 130),
+    );
+    // A status racing the release of a long lease: held or free, never stale.
+    for (ret, lies) in [
+        (Ret::StatusHeld { fence: Some(1) }, false),
+        (Ret::StatusFree { ret_ms: 125 }, false),
+        (stale(125, false), true),
+        (stale(125, true), false),
+    ] {
+        let history = [
+            acquired(3_600_000),
+            release.clone(),
+            call(1, Op::Status, 105, (ret.clone(), 125)),
+        ];
+        assert_eq!(verdict(&history).violation.is_some(), lies, "{ret:?}");
+    }
+    // In the last second of the lease its holder was told, stale is allowed.
+    let late = [
+        acquired(1_100),
+        call(1, Op::Status, 105, (stale(125, false), 125)),
+    ];
+    assert!(verdict(&late).violation.is_none());
+    let early = [
+        acquired(1_200),
+        call(1, Op::Status, 105, (stale(125, false), 125)),
+    ];
+    assert!(verdict(&early).violation.is_some());
+    // The same for check by the holder.
+    let check = |ret_ms| {
+        call(
+            0,
+            Op::Check { token: "a".into() },
+            105,
+            (
+                Ret::Expired {
+                    ret_ms,
+                    owner_dead: false,
+                },
+                125,
+            ),
+        )
+    };
+    assert!(verdict(&[acquired(1_100), check(125)]).violation.is_none());
+    assert!(
+        verdict(&[acquired(3_600_000), check(125)])
             .violation
             .is_some()
     );

@@ -26,6 +26,8 @@ mod edges27;
 mod etcd_faults;
 mod etcd_leases;
 mod etcd_nemesis;
+mod etcd_proxy;
+mod etcd_reads;
 mod etcd_tls;
 mod exact;
 mod example;

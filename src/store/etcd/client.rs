@@ -9,6 +9,7 @@
 //! refuses at once instead of hanging. Endpoint choice, retries and the
 //! command's deadline belong to the store (`super`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
@@ -22,6 +23,8 @@ use super::proto::{
     TxnRequest, TxnResponse, auth_client::AuthClient, kv_client::KvClient,
     lease_client::LeaseClient,
 };
+use super::proxy::Proxy;
+use super::tunnel::{self, Tunnel, TunnelFailure};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +33,35 @@ pub enum CallFailure {
     #[error("{}: {}", .0.code(), .0.message())]
     Status(#[from] tonic::Status),
     /// No connection could be made or kept.
-    #[error("{0}")]
+    #[error("{}", chain(.0))]
     Transport(#[from] tonic::transport::Error),
+    /// The proxy could not be reached, or refused to tunnel to the endpoint.
+    #[error("{0}")]
+    Tunnel(TunnelFailure),
+    /// An endpoint in `NO_PROXY` could be reached neither directly nor
+    /// through the proxy.
+    #[error("{direct}; through the proxy: {proxied}")]
+    Fallback {
+        /// Why the direct connection failed.
+        direct: String,
+        /// Why the one through the proxy failed.
+        proxied: String,
+    },
+}
+
+/// An error and its sources, one after the other ("transport error: tcp
+/// connect error: Connection refused").
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let part = s.to_string();
+        if !text.ends_with(&part) {
+            text = format!("{text}: {part}");
+        }
+        cur = s.source();
+    }
+    text
 }
 
 impl CallFailure {
@@ -50,7 +80,8 @@ impl CallFailure {
                     | Code::Aborted
                     | Code::Unavailable
             ),
-            Self::Transport(_) => true,
+            Self::Transport(_) | Self::Fallback { .. } => true,
+            Self::Tunnel(t) => t.retryable(),
         }
     }
 }
@@ -100,14 +131,16 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to `host:port` and authenticates when a user is configured.
-    /// `call_timeout` bounds each request on this connection.
+    /// Connects to `host:port` (through `proxy`, when given: SPEC §8) and
+    /// authenticates when a user is configured. `call_timeout` bounds each
+    /// request on this connection.
     ///
     /// # Errors
     /// The connection or authentication failed.
     pub async fn connect(
         host_port: &str,
         security: &Security,
+        proxy: Option<&Proxy>,
         connect_timeout: Duration,
         call_timeout: Duration,
     ) -> Result<Self, CallFailure> {
@@ -130,7 +163,21 @@ impl Client {
             }
             endpoint = endpoint.tls_config(cfg)?;
         }
-        let channel = endpoint.connect().await?;
+        let channel = match proxy {
+            None => endpoint.connect().await?,
+            Some(p) => {
+                let tunnel = Tunnel {
+                    proxy: Arc::new(p.clone()),
+                    target: host_port.to_owned(),
+                };
+                endpoint.connect_with_connector(tunnel).await.map_err(|e| {
+                    match tunnel::find(&e) {
+                        Some(t) => CallFailure::Tunnel(t),
+                        None => CallFailure::Transport(e),
+                    }
+                })?
+            }
+        };
         let token = match &security.user {
             None => None,
             Some((name, password)) => {
@@ -219,21 +266,25 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0] // every key
 }
 
-/// A read of one key.
+/// A read of one key (every range request carries a limit: no answer
+/// can grow with the store, SPEC §8).
 #[must_use]
 pub fn get(key: &str) -> RangeRequest {
     RangeRequest {
         key: key.as_bytes().to_vec(),
+        limit: 1,
         ..RangeRequest::default()
     }
 }
 
-/// A read of every key under `prefix`.
+/// A read of the first `limit` keys under `prefix` (a page: `limit` is at
+/// least 1, so no answer can grow with the store).
 #[must_use]
-pub fn get_prefix(prefix: &str) -> RangeRequest {
+pub fn get_prefix(prefix: &str, limit: i64) -> RangeRequest {
     RangeRequest {
         key: prefix.as_bytes().to_vec(),
         range_end: prefix_end(prefix.as_bytes()),
+        limit: limit.max(1),
         ..RangeRequest::default()
     }
 }
@@ -301,6 +352,13 @@ pub fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_read_carries_a_limit() {
+        assert_eq!(get("/p/locks/a").limit, 1);
+        assert_eq!(get_prefix("/p/", 100).limit, 100);
+        assert_eq!(get_prefix("/p/", 0).limit, 1, "never unlimited");
+    }
 
     #[test]
     fn prefix_ends() {

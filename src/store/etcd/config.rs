@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::DEFAULT_TIMEOUT;
 use super::client::{Security, Tls};
+use super::proxy::{self, NoProxy, Proxy};
 use crate::error::{Error, Result};
 use crate::vars::{Vars, var};
 
@@ -29,6 +30,11 @@ pub struct EtcdConfig {
     pub user: Option<(String, String)>,
     /// Deadline of one command (`SKILL_LOCK_ETCD_TIMEOUT`, seconds).
     pub timeout: Duration,
+    /// The HTTP CONNECT proxy (`HTTPS_PROXY`...), when one is named (and
+    /// usable: a proxy variable no endpoint needs is never an error).
+    pub proxy: Option<Proxy>,
+    /// The endpoints reached directly (`NO_PROXY`).
+    pub no_proxy: NoProxy,
 }
 
 impl EtcdConfig {
@@ -88,6 +94,7 @@ impl EtcdConfig {
         };
         let identity = pair(var::ETCD_CERT, var::ETCD_KEY)?;
         let user = pair(var::ETCD_USER, var::ETCD_PASSWORD)?;
+        let (proxy, no_proxy) = proxy::from_vars(vars, &endpoints)?;
         Ok(Self {
             url: url.to_owned(),
             endpoints,
@@ -97,7 +104,26 @@ impl EtcdConfig {
             identity,
             user,
             timeout,
+            proxy,
+            no_proxy,
         })
+    }
+
+    /// The proxy `endpoint` is reached through, if any (SPEC §8).
+    #[must_use]
+    pub fn proxy_for(&self, endpoint: &str) -> Option<&Proxy> {
+        self.proxy
+            .as_ref()
+            .filter(|_| !self.no_proxy.bypasses(endpoint))
+    }
+
+    /// The proxy an endpoint in `NO_PROXY` is tried through when it cannot
+    /// be reached directly at all.
+    #[must_use]
+    pub fn fallback_for(&self, endpoint: &str) -> Option<&Proxy> {
+        self.proxy
+            .as_ref()
+            .filter(|_| self.no_proxy.bypasses(endpoint))
     }
 }
 

@@ -9,6 +9,17 @@ use super::EtcdStore;
 use super::client::{CallFailure, Client};
 use crate::error::{Error, Result};
 
+/// The proxy refused to tunnel to every endpoint (SPEC §8: the sandbox's
+/// proxy allows only the hosts it was told to).
+fn proxy_refused(refused: &[Option<String>]) -> Error {
+    let each: Vec<&str> = refused.iter().flatten().map(String::as_str).collect();
+    Error::StoreUnavailable(format!(
+        "{}; allow the etcd endpoints at the proxy (inside the agent's sandbox: its allowed \
+         domains), or list them in NO_PROXY to reach them directly",
+        each.join("; ")
+    ))
+}
+
 pub(super) fn unavailable(what: impl std::fmt::Display) -> Error {
     Error::StoreUnavailable(format!(
         "etcd did not answer: {what}; check that the cluster is up and reachable, or raise SKILL_LOCK_ETCD_TIMEOUT"
@@ -17,7 +28,10 @@ pub(super) fn unavailable(what: impl std::fmt::Display) -> Error {
 
 impl EtcdStore {
     /// The connected client, connecting to the first endpoint that answers
-    /// (starting after `skip`, the one that just failed).
+    /// (starting after `skip`, the one that just failed). An endpoint the
+    /// proxy refused to tunnel to is a definite answer: not tried again in
+    /// this command, and when the proxy refused every endpoint, the command
+    /// fails at once.
     pub(super) async fn client(&self, deadline: Instant, skip: Option<usize>) -> Result<Client> {
         if skip.is_none()
             && let Ok(guard) = self.client.lock()
@@ -28,36 +42,45 @@ impl EtcdStore {
         let n = self.config.endpoints.len();
         let start = skip.map_or(0, |i| i + 1);
         let mut last = String::from("no endpoint tried");
+        let mut refused: Vec<Option<String>> = vec![None; n];
         for round in 0.. {
             for step in 0..n {
                 let i = (start + step) % n;
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
+                    let also: Vec<&str> = refused.iter().flatten().map(String::as_str).collect();
                     return Err(unavailable(format!(
-                        "{last} (tried {})",
+                        "{} (tried {})",
+                        [vec![last.as_str()], also].concat().join("; "),
                         self.config.endpoints.join(", ")
                     )));
                 }
                 let ep = &self.config.endpoints[i];
-                // The whole connection (TCP, the TLS handshake, authentication)
-                // has one endpoint's share of the deadline: an endpoint that
-                // accepts and then never answers, in any of them, is skipped.
-                let budget = left.min(self.connect_budget());
-                let connect = Client::connect(ep, &self.security, budget, self.call_budget());
-                match tokio::time::timeout(budget, connect).await {
-                    Ok(Ok(c)) => {
+                if refused[i].is_some() {
+                    continue;
+                }
+                match self.connect_one(ep, left).await {
+                    Ok(c) => {
                         if let Ok(mut g) = self.client.lock() {
                             *g = Some((c.clone(), i));
                         }
                         return Ok(c);
                     }
-                    Ok(Err(e)) if !e.retryable() => {
+                    Err(Some(e @ CallFailure::Tunnel(_))) if !e.retryable() => {
+                        refused[i] = Some(e.to_string());
+                        if refused.iter().all(Option::is_some) {
+                            return Err(proxy_refused(&refused));
+                        }
+                    }
+                    Err(Some(e)) if !e.retryable() => {
                         return Err(Error::StoreUnavailable(format!(
-                            "etcd at {ep} refused the connection: {e}; check the URL, TLS and credentials"
+                            "etcd at {} refused the connection: {e}; check the URL, TLS and credentials",
+                            self.route(ep)
                         )));
                     }
-                    Ok(Err(e)) => last = format!("{ep}: {e}"),
-                    Err(_) => last = format!("{ep}: timed out"),
+                    Err(Some(e @ CallFailure::Tunnel(_))) => last = format!("{ep}: {e}"),
+                    Err(Some(e)) => last = format!("{}: {e}", self.route(ep)),
+                    Err(None) => last = format!("{}: timed out", self.route(ep)),
                 }
             }
             // Every endpoint failed once; pause briefly (an election may be under way).
@@ -65,6 +88,59 @@ impl EtcdStore {
             tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
         }
         Err(unavailable(last))
+    }
+
+    /// One endpoint's connection: TCP (through the proxy, if it goes
+    /// through one), the TLS handshake and authentication, all within one
+    /// endpoint's share of the deadline, so an endpoint (or proxy) that
+    /// accepts and then never answers is skipped. `Err(None)`: timed out.
+    async fn connect_one(&self, ep: &str, left: Duration) -> Result<Client, Option<CallFailure>> {
+        let budget = left.min(self.connect_budget());
+        self.connect_within(ep, budget, self.call_budget()).await
+    }
+
+    /// [`Self::connect_one`] within `budget`, each request on the
+    /// connection within `call`. An endpoint in `NO_PROXY` is reached
+    /// directly; only when no direct connection can be opened at all
+    /// (refused, no route: as inside the agent's sandbox, whose runtime
+    /// lists loopback and the private networks in `NO_PROXY` while giving
+    /// commands no network but its proxy) is it tried through the proxy,
+    /// within what is left of `budget`.
+    pub(super) async fn connect_within(
+        &self,
+        ep: &str,
+        budget: Duration,
+        call: Duration,
+    ) -> Result<Client, Option<CallFailure>> {
+        let began = Instant::now();
+        let attempt = |proxy, budget| async move {
+            let connect = Client::connect(ep, &self.security, proxy, budget, call);
+            match tokio::time::timeout(budget, connect).await {
+                Ok(r) => r.map_err(Some),
+                Err(_) => Err(None),
+            }
+        };
+        let first = attempt(self.config.proxy_for(ep), budget).await;
+        match (first, self.config.fallback_for(ep)) {
+            (Err(Some(CallFailure::Transport(direct))), Some(proxy)) => {
+                let left = budget.saturating_sub(began.elapsed());
+                attempt(Some(proxy), left).await.map_err(|second| {
+                    Some(CallFailure::Fallback {
+                        direct: CallFailure::Transport(direct).to_string(),
+                        proxied: second.map_or_else(|| "timed out".into(), |e| e.to_string()),
+                    })
+                })
+            }
+            (first, _) => first,
+        }
+    }
+
+    /// `ep`, and the proxy it is reached through, for messages.
+    pub(super) fn route(&self, ep: &str) -> String {
+        match self.config.proxy_for(ep) {
+            Some(p) => format!("{ep} (through the proxy {})", p.shown),
+            None => ep.to_owned(),
+        }
     }
 
     /// The time one endpoint gets to connect: a second at most, and at

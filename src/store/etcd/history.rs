@@ -61,43 +61,49 @@ impl EtcdStore {
 }
 
 /// Keeps the history bounded: after every change, count the events; past
-/// twice [`HISTORY_KEEP`], delete the oldest down to [`HISTORY_KEEP`].
+/// twice [`HISTORY_KEEP`], delete the oldest down to [`HISTORY_KEEP`], a
+/// page of [`HISTORY_PAGE`] keys at a time (the caller bounds the time).
 /// Failures are harmless (the next change trims).
 pub(super) async fn trim_history(c: &mut Client, prefix: &str) {
     let hist = format!("{prefix}history/");
     let count_only = RangeRequest {
         count_only: true,
-        ..client::get_prefix(&hist)
+        ..client::get_prefix(&hist, 1)
     };
     let Ok(count) = c.range(count_only).await else {
         return;
     };
-    let excess = count.count - HISTORY_KEEP;
-    if count.count <= 2 * HISTORY_KEEP || excess <= 0 {
+    let mut excess = count.count - HISTORY_KEEP;
+    if count.count <= 2 * HISTORY_KEEP {
         return;
     }
-    let oldest = RangeRequest {
-        keys_only: true,
-        sort_target: SortTarget::Create.into(),
-        sort_order: SortOrder::Ascend.into(),
-        limit: excess,
-        ..client::get_prefix(&hist)
-    };
-    let Ok(old) = c.range(oldest).await else {
-        return;
-    };
-    for chunk in old.kvs.chunks(100) {
-        let txn = TxnRequest {
-            compare: Vec::new(),
-            success: chunk
-                .iter()
-                .map(|kv| client::delete(kv.key.clone()))
-                .collect(),
-            failure: Vec::new(),
+    while excess > 0 {
+        let oldest = RangeRequest {
+            keys_only: true,
+            sort_target: SortTarget::Create.into(),
+            sort_order: SortOrder::Ascend.into(),
+            ..client::get_prefix(&hist, excess.min(HISTORY_PAGE))
         };
-        if c.txn(txn).await.is_err() {
+        let Ok(old) = c.range(oldest).await else {
+            return;
+        };
+        if old.kvs.is_empty() {
             return;
         }
+        for chunk in old.kvs.chunks(100) {
+            let txn = TxnRequest {
+                compare: Vec::new(),
+                success: chunk
+                    .iter()
+                    .map(|kv| client::delete(kv.key.clone()))
+                    .collect(),
+                failure: Vec::new(),
+            };
+            if c.txn(txn).await.is_err() {
+                return;
+            }
+        }
+        excess -= i64::try_from(old.kvs.len()).unwrap_or(excess);
     }
 }
 
@@ -172,9 +178,8 @@ async fn newest_events(
         let req = RangeRequest {
             sort_target: SortTarget::Create.into(),
             sort_order: SortOrder::Descend.into(),
-            limit: page,
             max_create_revision: cursor.below,
-            ..client::get_prefix(prefix)
+            ..client::get_prefix(prefix, page)
         };
         let mut resp = match c.range(req).await {
             Ok(r) => r,

@@ -9,42 +9,54 @@ use super::client::{self, Client};
 use super::connect::CallError;
 use super::history::trim_history;
 use super::proto::TxnRequest;
-use super::round::View;
+use super::read::View;
 use crate::lease::Now;
 use crate::record::{OwnerRecord, Timestamp};
 use crate::store::{Change, Written};
 
 /// The lease end of a key whose lease has `ttl` whole seconds left as the
 /// cluster counts them (-1: the lease is gone) of the `granted` it was given,
-/// read between `before` and `after` on this host's clock.
+/// read between `before` and `after` on this host's clock; `told` is the
+/// `expires` its record says, the one its holder was told.
 ///
 /// A member whose lessor is not the primary (a demoted leader, a new leader
 /// before it promotes its leases) answers a live lease's remaining time as
 /// "never" (`i64::MAX` ns, about 292 years): more than was granted is no
 /// reading at all. The lease is alive with an unknown remainder of at most
-/// what was granted: a decision holds it that long, a reader is told none.
+/// what was granted: a decision holds it that long.
+///
+/// A reader is shown a lower bound of the lease's end: `ttl` from before
+/// the request (the count is truncated), raised to `told` where the cluster
+/// allows it (never past `ttl` plus the truncated second from after the
+/// answer, nor `granted` for an unknown remainder). `told` is the grant's
+/// earliest end, so it is a lower bound too; without it a reader whose
+/// request straddles a second could call a live lease expired up to two
+/// seconds before its holder's `expires`.
 pub(super) fn lease_end(
     ttl: i64,
     granted: i64,
     view: View,
     before: &Now,
     after: &Now,
+    told: Timestamp,
 ) -> Timestamp {
+    if ttl < 0 {
+        return Timestamp(before.wall().0.saturating_sub(1));
+    }
     let unknown = granted > 0 && ttl > granted;
-    let ttl = if unknown {
-        match view {
-            View::Reader => 0,
-            View::Decision => granted,
-        }
-    } else {
-        ttl
-    };
     match view {
-        _ if ttl < 0 => Timestamp(before.wall().0.saturating_sub(1)),
-        View::Reader => Timestamp(before.wall().0.saturating_add(ttl)),
+        View::Reader => {
+            let (least, most) = if unknown { (0, granted) } else { (ttl, ttl) };
+            let lo = before.wall().0.saturating_add(least);
+            let hi = after.wall().0.saturating_add(most).saturating_add(1);
+            Timestamp(lo.max(told.0.min(hi)))
+        }
         // Truncated: up to a second more is left; and one more so that a
         // decision made just after this read sees it alive.
-        View::Decision => Timestamp(after.wall().0.saturating_add(ttl).saturating_add(2)),
+        View::Decision => {
+            let ttl = if unknown { granted } else { ttl };
+            Timestamp(after.wall().0.saturating_add(ttl).saturating_add(2))
+        }
     }
 }
 
@@ -244,26 +256,36 @@ mod tests {
             wall_ms: 1_000_001_700,
             boot: None,
         };
+        let long_ago = Timestamp(0);
         // 0 s left (truncated): alive, so a decision made after the read sees it held.
-        let end = lease_end(0, 2, View::Decision, &before, &after);
+        let end = lease_end(0, 2, View::Decision, &before, &after, long_ago);
         assert!(end.0 * 1000 > after.wall_ms + 500);
-        // A reader is told no more than the truncated TTL, counted from before the request.
+        // A reader is told no more than the truncated TTL, counted from before the request...
         assert_eq!(
-            lease_end(4, 5, View::Reader, &before, &after).0,
+            lease_end(4, 5, View::Reader, &before, &after, long_ago).0,
             1_000_000 + 4
+        );
+        // ...raised to the expires its holder was told, within what the cluster allows.
+        let told = Timestamp(1_000_005);
+        assert_eq!(lease_end(4, 5, View::Reader, &before, &after, told), told);
+        let far = Timestamp(1_000_100);
+        assert_eq!(
+            lease_end(4, 5, View::Reader, &before, &after, far).0,
+            1_000_001 + 4 + 1
         );
         // A lease that is gone is expired for both.
         for view in [View::Reader, View::Decision] {
-            assert!(lease_end(-1, 5, view, &before, &after).0 * 1000 < before.wall_ms);
+            assert!(lease_end(-1, 5, view, &before, &after, told).0 * 1000 < before.wall_ms);
         }
         // "Never" from a member whose lessor is not the primary (ETCD-1 of
         // the nemesis test): alive, for no more than was granted.
         let never = 9_223_372_036;
-        let held = lease_end(never, 2, View::Decision, &before, &after);
+        let held = lease_end(never, 2, View::Decision, &before, &after, long_ago);
         assert!(held.0 * 1000 > after.wall_ms && held.0 <= after.wall().0 + 2 + 2);
-        assert!(
-            lease_end(never, 2, View::Reader, &before, &after).0 * 1000 <= before.wall_ms + 1000
-        );
+        let read = |told| lease_end(never, 2, View::Reader, &before, &after, told);
+        assert!(read(long_ago).0 * 1000 <= before.wall_ms + 1000);
+        assert_eq!(read(Timestamp(1_000_002)), Timestamp(1_000_002));
+        assert_eq!(read(far), Timestamp(1_000_001 + 2 + 1));
     }
 
     #[test]

@@ -25,7 +25,9 @@
 //! `etcd://` store is chosen; the file store never builds them.
 //!
 //! The files: `config` (the URL and its variables), `connect` (endpoints
-//! and deadlines), `round` (read-decide-act and settling a lost answer),
+//! and deadlines), `read` (a key and its lease, judged; a lookup that
+//! raced a revoke is read again), `round` (read-decide-act and settling a
+//! lost answer),
 //! `leases` (lease ends, grants, the short lease), `history`, `list`,
 //! `client` (the gRPC calls) and the generated `proto`.
 
@@ -40,12 +42,16 @@ mod leases;
 mod list;
 #[rustfmt::skip]
 mod proto;
+mod proxy;
+mod read;
 mod round;
+mod tunnel;
 
 use client::{Client, Security};
 pub use config::EtcdConfig;
 use config::security;
-use round::{View, read_key, read_marker};
+use read::{View, read_key};
+use round::read_marker;
 
 use crate::error::{Error, Result};
 use crate::history::Event;

@@ -8,106 +8,18 @@ use std::time::Instant;
 use super::EtcdStore;
 use super::client::{self, CallFailure, Client};
 use super::connect::{CallError, half_left, unavailable};
-use super::leases::{Extension, lease_end};
+use super::leases::Extension;
 use super::proto::TxnRequest;
+use super::read::{KeyState, View, read_key};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::lease::Now;
 use crate::record::OwnerRecord;
-use crate::store::{Change, Committed, Current, Decision, Identity, LeaseEnd, Seen, Written};
-
-/// How a read is used (SPEC §7 time safety, §8 "a key whose etcd lease is
-/// alive is held").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum View {
-    /// Shown to a reader (status, check, list): `expires` is a lower bound
-    /// of the lease's end (etcd truncates the remaining TTL to whole seconds;
-    /// it is counted from before the request), so a holder is never told it
-    /// has more time than it has.
-    Reader,
-    /// Decided on (acquire, renew, release): a key whose lease is alive is
-    /// held, however little of it is left, so `expires` is past now. Only a
-    /// key whose lease is gone is expired.
-    Decision,
-}
-
-/// A lock key as read: state, revisions, lease and the stored bytes.
-pub(super) struct KeyState {
-    pub(super) current: Current,
-    pub(super) mod_revision: i64,
-    pub(super) create_revision: i64,
-    pub(super) lease: i64,
-    pub(super) value: Vec<u8>,
-}
-
-/// Reads one key; a leased record's expiry is the cluster's (see [`View`]).
-pub(super) async fn read_key(
-    client: &mut Client,
-    k: &str,
-    view: View,
-) -> Result<KeyState, CallError> {
-    let before = Now::read();
-    let resp = client.range(client::get(k)).await?;
-    let revision = resp.header.map_or(0, |h| h.revision);
-    let Some(kv) = resp.kvs.into_iter().next() else {
-        return Ok(KeyState {
-            current: Current::Free,
-            mod_revision: 0,
-            create_revision: 0,
-            lease: 0,
-            value: Vec::new(),
-        });
-    };
-    let current = match OwnerRecord::parse(&kv.value) {
-        Err(why) => Current::Corrupt(why),
-        Ok(mut rec) => {
-            if rec.holder.fence == 0 {
-                rec.holder.fence = u64::try_from(kv.mod_revision).unwrap_or(0);
-            }
-            revisions_never_went_back(rec.holder.fence, revision)?;
-            // A key with no lease (another tool, an older record) is judged
-            // by its own `expires`, like any record.
-            let lease_end = if kv.lease == 0 {
-                LeaseEnd::Recorded
-            } else {
-                let (ttl, granted) = client.lease_ttl(kv.lease).await?;
-                LeaseEnd::Wall(lease_end(ttl, granted, view, &before, &Now::read()))
-            };
-            Current::Held(Seen {
-                record: rec,
-                lease_end,
-                identity: Identity::Comparable,
-            })
-        }
-    };
-    Ok(KeyState {
-        current,
-        mod_revision: kv.mod_revision,
-        create_revision: kv.create_revision,
-        lease: kv.lease,
-        value: kv.value,
-    })
-}
+use crate::store::{Change, Committed, Current, Decision, Written};
 
 /// The `mod_revision` of a lock's fence marker ([`Marker`]); 0 when absent.
 pub(super) async fn read_marker(client: &mut Client, mk: &str) -> Result<i64, CallError> {
     let resp = client.range(client::get(mk)).await?;
     Ok(resp.kvs.first().map_or(0, |kv| kv.mod_revision))
-}
-
-/// A fence is a revision the cluster once had: a record whose fence is past
-/// the cluster's current revision means the revisions went backwards (a
-/// restore from a snapshot without `--bump-revision`), and fences handed out
-/// from now on could repeat. Refuse rather than hand them out.
-pub(super) fn revisions_never_went_back(fence: u64, revision: i64) -> Result<(), CallError> {
-    match u64::try_from(revision) {
-        Ok(r) if r > 0 && fence > r => Err(CallError::Fatal(Error::StoreUnavailable(format!(
-            "the etcd cluster's revision ({r}) is below a fence it handed out ({fence}): it was \
-             restored from a snapshot without --bump-revision, so fences could repeat; restore \
-             again with `etcdutl snapshot restore --bump-revision N --mark-compacted` (N above {fence})"
-        )))),
-        _ => Ok(()),
-    }
 }
 
 /// What kind of change a transaction makes, as far as settling an unknown
@@ -518,10 +430,12 @@ impl EtcdStore {
             }
             let budget = left.min(self.connect_budget());
             let attempt = async {
-                let mut c = Client::connect(ep, &self.security, budget, budget).await?;
-                c.lease_revoke(p.lease).await
+                let Ok(mut c) = self.connect_within(ep, budget, budget).await else {
+                    return Ok(false);
+                };
+                c.lease_revoke(p.lease).await.map(|()| true)
             };
-            if let Ok(Ok(())) = tokio::time::timeout(budget, attempt).await {
+            if let Ok(Ok::<_, CallFailure>(true)) = tokio::time::timeout(budget, attempt).await {
                 return Error::StoreUnavailable(format!(
                     "{err}; nothing was taken (the attempt's lease was revoked)"
                 ));
@@ -539,6 +453,7 @@ impl EtcdStore {
 mod tests {
     use super::super::proto;
     use super::*;
+    use crate::store::Seen;
 
     fn target(c: &proto::Compare) -> Option<proto::compare::TargetUnion> {
         c.target_union.clone()
@@ -556,16 +471,6 @@ mod tests {
 
     fn held(rec: &OwnerRecord) -> Current {
         Current::Held(Seen::recorded(rec.clone()))
-    }
-
-    #[test]
-    fn a_fence_past_the_clusters_revision_is_refused() {
-        assert!(revisions_never_went_back(10, 12).is_ok());
-        assert!(revisions_never_went_back(12, 12).is_ok());
-        assert!(matches!(
-            revisions_never_went_back(13, 12),
-            Err(CallError::Fatal(Error::StoreUnavailable(_)))
-        ));
     }
 
     #[test]
