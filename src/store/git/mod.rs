@@ -59,12 +59,14 @@ use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written}
 mod chain;
 mod cmd;
 mod config;
+mod objects;
 mod remote;
 
 use chain::{RefState, StateFile, message};
 use cmd::{Mode0700, Output, git_command, jitter, run, transient};
 use config::is_local_path;
 pub use config::{GitConfig, REMOTE_NAME, has_secret, redact, validate_remote};
+use objects::{MAX_STATE, Plan};
 use remote::Pushed;
 
 /// Default deadline of one command's git work.
@@ -84,6 +86,8 @@ pub const ARCHIVE_PREFIX: &str = "refs/skill-lock-archive/";
 /// Archived chains kept per lock (`<archive prefix><name>/<epoch mod this>`).
 pub const ARCHIVE_SLOTS: u64 = 10;
 const STATE_FILE: &str = "lock.json";
+/// Missing commits fetched by their refs' names; more are fetched by pattern.
+const FETCH_BY_NAME: usize = 32;
 const STATE_FORMAT: u32 = 1;
 
 /// The git store.
@@ -139,6 +143,8 @@ impl GitStore {
 /// An attempt whose push outcome was unknown, kept to recognise it later.
 struct Pending<T> {
     commit: String,
+    /// Its state file.
+    body: Vec<u8>,
     value: T,
     written: Option<Written>,
 }
@@ -177,7 +183,7 @@ impl Store for GitStore {
         // it as the lease saves the read when nobody changed the lock since
         // (renew, release). A decision to change nothing is not trusted on
         // this view: it is made again on a fresh read.
-        if let Some(seen) = self.remembered(&r)? {
+        if let Some(seen) = self.remembered(&r) {
             match self.attempt(key, &r, &seen, decide, push_deadline, true)? {
                 Step::Done(c) => return Ok(c),
                 Step::Again => {}
@@ -188,7 +194,10 @@ impl Store for GitStore {
             }
         }
         loop {
-            let seen = match self.read_seen(key, deadline) {
+            let seen = match self
+                .read_seen(key, deadline)
+                .and_then(|s| self.with_fence(s))
+            {
                 Ok(s) => s,
                 Err(e) if pending.is_empty() => return Err(e),
                 Err(e) => {
@@ -202,7 +211,7 @@ impl Store for GitStore {
                 for i in 0..pending.len() {
                     if self.contains(tip, &pending[i].commit)? {
                         let p = pending.swap_remove(i);
-                        self.remember(&r, Some(&p.commit));
+                        self.remember(&r, Some((&p.commit, &p.body)));
                         return Ok(Committed {
                             value: p.value,
                             written: p.written,
@@ -232,12 +241,16 @@ impl Store for GitStore {
         }
     }
 
-    /// Reads every lock ref in one `ls-remote` and one `cat-file` batch
-    /// (a network store reads them all anyway), then hands them over in order.
+    /// Reads every lock ref in a bounded number of git processes, whatever
+    /// their number (SPEC §8): one `ls-remote`, a `cat-file --batch-check`
+    /// of every commit, one `fetch` of those the cache lacks (and a second
+    /// check of them), and one `cat-file --batch` that streams the state
+    /// files, each handed over as it is read, in `list`'s order.
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
         let deadline = Instant::now() + self.config.timeout;
         let prefix = self.ns_prefix(REF_PREFIX);
-        let refs = self.ls_remote(&[format!("{prefix}*")], &prefix, deadline)?;
+        let pattern = format!("{prefix}*");
+        let refs = self.ls_remote(std::slice::from_ref(&pattern), &prefix, deadline)?;
         let mut named: Vec<(LockKey, String, String)> = refs
             .into_iter()
             .filter_map(|(r, oid)| {
@@ -246,28 +259,25 @@ impl Store for GitStore {
                 Some((key, r, oid))
             })
             .collect();
-        named.sort_by(|a, b| a.1.cmp(&b.1));
-        self.fetch_missing(
-            named
-                .iter()
-                .map(|(_, r, o)| (r.clone(), o.clone()))
-                .collect(),
-            deadline,
-        )?;
-        let oids: Vec<&str> = named.iter().map(|(_, _, o)| o.as_str()).collect();
-        let bodies = self.read_states(&oids)?;
-        let mut locks = Vec::new();
-        for ((key, r, oid), body) in named.iter().zip(bodies) {
-            let seen = match self.interpret(oid, body)? {
-                Some(seen) => seen,
-                None => self.read_seen(key, deadline)?,
+        named.sort_by_cached_key(|(k, r, _)| (crate::store::list_order(k), r.clone()));
+        let wanted: Vec<(String, String)> = named
+            .iter()
+            .map(|(_, r, o)| (r.clone(), o.clone()))
+            .collect();
+        let plans = self.plans_fetched(&wanted, &[pattern], deadline)?;
+        self.finish(plans, &mut |i, found| {
+            let (key, r, oid) = &named[i];
+            let Some(seen) = self.interpret(oid, found) else {
+                return Err(self.unavailable(&format!(
+                    "the objects of {r} ({oid}) are not all in the cache {}",
+                    self.config.cache.display()
+                )));
             };
             if seen.current == Current::Free {
-                continue;
+                return Ok(());
             }
-            locks.push(Listed::new(key.clone(), r.clone(), seen.current));
-        }
-        crate::store::visit_in_order(locks, visit)?;
+            visit(Listed::new(key.clone(), r.clone(), seen.current))
+        })?;
         Ok(0)
     }
 
@@ -306,22 +316,21 @@ impl Store for GitStore {
             .filter(|(r, _)| r.starts_with(&lock_prefix) || r.starts_with(&arch_prefix))
             .map(|(r, o)| (r.clone(), o.clone()))
             .collect();
-        self.fetch_missing(wanted, deadline)?;
+        self.plans_fetched(&wanted, &patterns, deadline)?;
         let mut all = Vec::new();
         for (_, (mut archived, tip)) in chains {
             // Oldest chain first: by the epoch in each archived tip's state.
-            let bodies =
-                self.read_states(&archived.iter().map(String::as_str).collect::<Vec<_>>())?;
-            let epochs: HashMap<String, u64> = archived
-                .iter()
-                .zip(bodies)
-                .map(|(o, b)| {
-                    let e = b
-                        .and_then(|b| serde_json::from_slice::<StateFile>(&b).ok())
-                        .map_or(0, |s| s.epoch);
-                    (o.clone(), e)
-                })
-                .collect();
+            let mut epochs: HashMap<String, u64> = HashMap::new();
+            self.read_found(&archived, &mut |i, found| {
+                let e = match found {
+                    objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
+                        .ok()
+                        .map_or(0, |s| s.epoch),
+                    _ => 0,
+                };
+                epochs.insert(archived[i].clone(), e);
+                Ok(())
+            })?;
             archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
             let mut events = Vec::new();
             for oid in tip.iter().chain(archived.iter().rev()) {
@@ -352,20 +361,12 @@ enum Step<T> {
 }
 
 impl GitStore {
-    /// The state this host last wrote to `r`, when it is still in the cache.
-    fn remembered(&self, r: &str) -> Result<Option<RefState>> {
-        let Some(oid) = std::fs::read_to_string(self.tip_file(r))
-            .ok()
-            .map(|t| t.trim().to_owned())
-            .filter(|t| t.len() >= 40 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-        else {
-            return Ok(None);
-        };
-        let Some(body) = self.read_states(&[oid.as_str()])?.pop().flatten() else {
-            return Ok(None);
-        };
-        let seen = self.interpret(&oid, Some(body))?;
-        Ok(seen.filter(|s| matches!(s.current, Current::Free | Current::Held(_))))
+    /// The state this host last wrote to `r` (or read of it), to decide on
+    /// without a read.
+    fn remembered(&self, r: &str) -> Option<RefState> {
+        let (oid, body) = self.memo(r)?;
+        let seen = self.interpret_state(&oid, &body);
+        matches!(seen.current, Current::Free | Current::Held(_)).then_some(seen)
     }
 
     fn tip_file(&self, r: &str) -> PathBuf {
@@ -373,18 +374,47 @@ impl GitStore {
         self.config.cache.join("skill-lock-tips").join(&h[..32])
     }
 
-    /// Remembers (or forgets) the commit this host last pushed to `r`.
-    /// Best effort: a lost note only costs the read it would have saved.
-    fn remember(&self, r: &str, oid: Option<&str>) {
+    /// The commit this host last wrote to `r` or read there, and its state
+    /// file: a line with the object id, then the state (read bounded, from
+    /// a regular file only).
+    fn memo(&self, r: &str) -> Option<(String, Vec<u8>)> {
+        use std::io::Read as _;
         let file = self.tip_file(r);
-        let Some(oid) = oid else {
+        let meta = std::fs::symlink_metadata(&file).ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::open(&file)
+            .ok()?
+            .take((MAX_STATE + 128) as u64)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        let nl = bytes.iter().position(|b| *b == b'\n')?;
+        let oid = std::str::from_utf8(&bytes[..nl]).ok()?;
+        if !remote::is_oid(oid) || bytes.len() - nl - 1 > MAX_STATE {
+            return None;
+        }
+        Some((oid.to_owned(), bytes[nl + 1..].to_vec()))
+    }
+
+    /// Remembers (or forgets) the commit this host last pushed to `r`, or
+    /// read there, with its state file. Best effort: a lost note only costs
+    /// the read it would have saved.
+    fn remember(&self, r: &str, tip: Option<(&str, &[u8])>) {
+        let file = self.tip_file(r);
+        let Some((oid, body)) = tip else {
             let _ = std::fs::remove_file(&file);
             return;
         };
         let Some(dir) = file.parent() else { return };
         let _ = std::fs::create_dir_all(dir);
         let tmp = dir.join(format!(".{}", random_suffix()));
-        if std::fs::write(&tmp, oid).is_ok() && std::fs::rename(&tmp, &file).is_err() {
+        let mut bytes = Vec::with_capacity(oid.len() + 1 + body.len());
+        bytes.extend_from_slice(oid.as_bytes());
+        bytes.push(b'\n');
+        bytes.extend_from_slice(body);
+        if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, &file).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
     }
@@ -415,13 +445,14 @@ impl GitStore {
         };
         let (state, parent, archive) = self.roll(key, seen, next.state);
         let msg = message(key, next.what, state.fence, &next.events)?;
-        let commit = self.make_commit(&state, parent, &msg)?;
+        let body = serde_json::to_vec(&state).map_err(|e| Error::Internal(e.to_string()))?;
+        let commit = self.make_commit(&body, parent, &msg)?;
         let archive = archive.as_ref().map(|(old, a)| (old.as_str(), a.as_str()));
         let written = next.written.map(Written::as_given);
         let value = decision.value;
         match self.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
             Pushed::Done => {
-                self.remember(r, Some(&commit));
+                self.remember(r, Some((&commit, &body)));
                 Ok(Step::Done(Committed { value, written }))
             }
             Pushed::Lost => {
@@ -436,6 +467,7 @@ impl GitStore {
             Pushed::Unknown(why) => Ok(Step::Unknown(
                 Pending {
                     commit,
+                    body,
                     value,
                     written,
                 },
@@ -563,16 +595,61 @@ fn held_state(rec: &OwnerRecord, fence: u64, depth: u64, epoch: u64) -> Result<S
 }
 
 impl GitStore {
-    fn fetch_missing(&self, refs: Vec<(String, String)>, deadline: Instant) -> Result<()> {
-        let mut missing = Vec::new();
-        for (r, oid) in refs {
-            if !self.is_commit(&oid)? {
-                missing.push((r, oid));
+    /// What to read of each commit of `refs` (ref, commit as listed), after
+    /// one fetch of those the cache lacks: by name when they are few, else
+    /// by `patterns` (each git process's work grows with the refs, their
+    /// number never does). A ref that moved since it was listed is read
+    /// where the fetch found it.
+    fn plans_fetched(
+        &self,
+        refs: &[(String, String)],
+        patterns: &[String],
+        deadline: Instant,
+    ) -> Result<Vec<Plan>> {
+        let oids: Vec<String> = refs.iter().map(|(_, o)| o.clone()).collect();
+        let mut plans = self.probe(&oids)?;
+        let missing: Vec<usize> = (0..plans.len()).filter(|i| plans[*i].missing()).collect();
+        if missing.is_empty() {
+            return Ok(plans);
+        }
+        let names: Vec<String> = if missing.len() <= FETCH_BY_NAME {
+            missing.iter().map(|i| refs[*i].0.clone()).collect()
+        } else {
+            patterns.to_vec()
+        };
+        let failed = self.fetch(&names, deadline)?;
+        let mut left = missing;
+        for moved in [false, true] {
+            let names: Vec<String> = left
+                .iter()
+                .map(|i| {
+                    if moved {
+                        self.cache_ref(&refs[*i].0)
+                    } else {
+                        refs[*i].1.clone()
+                    }
+                })
+                .collect();
+            let again = self.probe(&names)?;
+            let mut still = Vec::new();
+            for (i, p) in left.into_iter().zip(again) {
+                if p.missing() {
+                    still.push(i);
+                }
+                plans[i] = p;
+            }
+            left = still;
+            if left.is_empty() {
+                return Ok(plans);
             }
         }
-        // What did not arrive is read lock by lock, with its own error.
-        let _ = self.fetch(&missing, deadline)?;
-        Ok(())
+        let (r, oid) = &refs[left[0]];
+        Err(self.unavailable(&format!(
+            "the objects of {r} ({oid}) did not arrive{}",
+            failed
+                .map(|w| format!(": git fetch failed: {w}"))
+                .unwrap_or_default()
+        )))
     }
 
     /// The newest `limit` events in the chain ending at `tip`, oldest first.
