@@ -663,30 +663,53 @@ impl GitStore {
             "--max-count={}",
             limit.min(usize::try_from(i32::MAX).unwrap_or(usize::MAX))
         );
-        let out = self.local(&["log", &n, "--format=%x1e%B", tip], None)?;
+        // Streamed, one commit message at a time; one larger than any
+        // change writes is skipped unread (SPEC §8: read bounded).
+        let mut commits: Vec<Vec<Event>> = Vec::new();
+        let mut cur: Vec<u8> = Vec::new();
+        let mut skip = false;
+        let max = usize::try_from(objects::MAX_OBJECT).unwrap_or(usize::MAX);
+        let mut end_commit = |cur: &mut Vec<u8>, skip: &mut bool| {
+            if !*skip && !cur.is_empty() {
+                commits.push(events_in(cur));
+            }
+            cur.clear();
+            *skip = false;
+        };
+        let out =
+            self.local_streaming(&["log", &n, "--format=%x1e%B", tip], None, &mut |chunk| {
+                for (i, piece) in chunk.split(|b| *b == 0x1e).enumerate() {
+                    if i > 0 {
+                        end_commit(&mut cur, &mut skip);
+                    }
+                    if cur.len() + piece.len() > max {
+                        skip = true;
+                        cur.clear();
+                    } else if !skip {
+                        cur.extend_from_slice(piece);
+                    }
+                }
+                cmd::Flow::More
+            })?;
+        end_commit(&mut cur, &mut skip);
         if !out.ok() {
             return Err(self.cache_error(&format!(
                 "git log of the lock history failed: {}",
                 out.stderr.trim()
             )));
         }
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut events = Vec::new();
         // Newest commit first; within a commit, events are in order.
-        for commit in text
-            .split('\u{1e}')
-            .filter(|c| !c.trim().is_empty())
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
-            for line in commit.lines().filter(|l| l.starts_with('{')) {
-                if let Ok(ev) = serde_json::from_str::<Event>(line) {
-                    events.push(ev);
-                }
-            }
-        }
+        let mut events: Vec<Event> = commits.into_iter().rev().flatten().collect();
         let skip = events.len().saturating_sub(limit);
         Ok(events.split_off(skip))
     }
+}
+
+/// The history events a commit message holds (one JSON object a line).
+fn events_in(message: &[u8]) -> Vec<Event> {
+    String::from_utf8_lossy(message)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str::<Event>(l).ok())
+        .collect()
 }
