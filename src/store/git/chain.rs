@@ -25,8 +25,9 @@ pub(super) struct StateFile {
     /// Roll-overs so far: the chain's number, for ordering archived chains.
     #[serde(default)]
     pub(super) epoch: u64,
+    /// The owner record, as written (parsed once, by [`OwnerRecord::parse`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) record: Option<serde_json::Value>,
+    pub(super) record: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// A lock's ref as read.
@@ -107,16 +108,13 @@ impl GitStore {
         }
         let current = match (state.state.as_str(), &state.record) {
             ("free", _) => Current::Free,
-            ("held", Some(rec)) => {
-                let bytes = serde_json::to_vec(rec).unwrap_or_default();
-                match OwnerRecord::parse(&bytes) {
-                    Ok(mut r) => {
-                        r.holder.fence = state.fence;
-                        Current::Held(self.seen(r))
-                    }
-                    Err(why) => Current::Corrupt(why),
+            ("held", Some(rec)) => match OwnerRecord::parse(rec.get().as_bytes()) {
+                Ok(mut r) => {
+                    r.holder.fence = state.fence;
+                    Current::Held(self.seen(r))
                 }
-            }
+                Err(why) => Current::Corrupt(why),
+            },
             (other, _) => Current::Corrupt(format!("unknown lock state {other:?}")),
         };
         RefState {
@@ -165,6 +163,41 @@ impl GitStore {
             Ok(())
         })?;
         Ok(best)
+    }
+
+    /// Reads one lock for a change: one `git fetch` that lists the ref and
+    /// brings its commit when it is new here (a read that finds the lock
+    /// changed costs one connection, not two), then the state as
+    /// [`GitStore::read_seen`] reads it. With a git older than 2.41, as
+    /// `read_seen`.
+    pub(super) fn read_fetching(&self, key: &LockKey, deadline: Instant) -> Result<RefState> {
+        if self.no_porcelain.get().is_some() {
+            return self.read_seen(key, deadline);
+        }
+        let r = self.lock_ref(key);
+        let oid = match self.fetch_tip(&r, deadline) {
+            Ok(Some(oid)) => oid,
+            Ok(None) => return Ok(RefState::absent()),
+            Err(Some(e)) => return Err(e),
+            Err(None) => {
+                let _ = self.no_porcelain.set(());
+                return self.read_seen(key, deadline);
+            }
+        };
+        if let Some((memo, body)) = self.memo(&r)
+            && memo == oid
+        {
+            return Ok(self.interpret_state(&oid, &body));
+        }
+        let found = self.read_one(&oid)?;
+        if let Found::State(body) = &found {
+            self.remember(&r, Some((&oid, body)));
+        }
+        match self.interpret(&oid, found) {
+            Some(seen) => Ok(seen),
+            // Its objects are not all here (yet): read it the long way.
+            None => self.read_seen(key, deadline),
+        }
     }
 
     /// Reads one lock: one ls-remote; the state this host last wrote or
@@ -244,8 +277,9 @@ impl GitStore {
         }
     }
 
-    /// Writes the blob, tree and commit of a new state.
-    pub(super) fn make_commit(
+    /// Writes the blob, tree and commit of a new state with git (a cache
+    /// whose objects are not named by SHA-1).
+    pub(super) fn make_commit_by_git(
         &self,
         body: &[u8],
         parent: Option<&str>,

@@ -56,10 +56,10 @@ pub(super) fn git_command() -> Command {
         "gc.auto=0",
         // Fetched objects stay in one pack, which appears whole: a process
         // sharing the cache never sees a commit without its tree and blob.
+        // (Only fetches: a file:// remote receiving a push unpacks it as
+        // git does by default, rather than keep a pack per change.)
         "-c",
         "fetch.unpackLimit=1",
-        "-c",
-        "transfer.unpackLimit=1",
         "-c",
         "maintenance.auto=false",
         // Blobs past 1 MiB are streamed, never held whole, by every git this

@@ -29,13 +29,23 @@
 //! or under a later one, means it was applied.
 //!
 //! Objects are made in a private bare repository (the cache, see
-//! [`GitConfig::parse`]) with `git hash-object`, `mktree` and `commit-tree`,
-//! which are safe for concurrent processes, and pushed from there. A read is
-//! one `git ls-remote`, plus a `git fetch` only when the commit is not in the
-//! cache yet (a lock this host changed last is never fetched). A change on a
-//! lock this host wrote last is first decided on what it wrote and pushed with
-//! that as the lease, saving the read; a wrong guess is rejected by the
-//! server, and a guess that changes nothing is never trusted.
+//! [`GitConfig::parse`]), written there by this process as loose objects
+//! (blob, tree, then commit, each renamed into place whole; see `loose.rs`),
+//! and pushed from there. What a remote serves is read bounded (SPEC §8):
+//! sizes first, with `cat-file --batch-check`, and only state files no
+//! larger than a record allows, streamed (see `objects.rs`). A read
+//! (`status`, `check`) is one `git ls-remote`, and nothing more when the ref
+//! still names the state this host last wrote or read (remembered with it,
+//! see `memo.rs`); otherwise a `cat-file` pair, after a `git fetch` when the
+//! commit is not in the cache yet. A change reads with one `git fetch
+//! --porcelain`, which both names the ref's commit and brings it. A change
+//! on a lock this host wrote or read last is first decided on that state and
+//! pushed with it as the lease, saving the read: so a renew or release is
+//! one git process, the push; a wrong guess is rejected by the server, and a
+//! guess that changes nothing is never trusted. `list` reads every lock in
+//! a bounded number of git processes, whatever their number: one
+//! `ls-remote`, the state files the last `list` read from its memo, and the
+//! others in one fetch and one `cat-file` pair.
 //!
 //! Expiry is judged by this host's wall clock (a record from this boot of
 //! this host: by its boot-time clock, as in the file store): a record judged
@@ -53,12 +63,14 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::LockKey;
-use crate::record::{OwnerRecord, random_suffix};
+use crate::record::OwnerRecord;
 use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
 
 mod chain;
 mod cmd;
 mod config;
+mod loose;
+mod memo;
 mod objects;
 mod remote;
 
@@ -66,7 +78,7 @@ use chain::{RefState, StateFile, message};
 use cmd::{Mode0700, Output, git_command, jitter, run, transient};
 use config::is_local_path;
 pub use config::{GitConfig, REMOTE_NAME, has_secret, redact, validate_remote};
-use objects::{MAX_STATE, Plan};
+use objects::{Found, Plan};
 use remote::Pushed;
 
 /// Default deadline of one command's git work.
@@ -96,6 +108,11 @@ pub struct GitStore {
     config: GitConfig,
     /// Whether ssh needs `BatchMode` from us (decided once, on first use).
     batch_ssh: std::sync::OnceLock<bool>,
+    /// Whether the cache names objects by SHA-1 (read once, on first write).
+    sha1: std::sync::OnceLock<bool>,
+    /// This git's `fetch` has no `--porcelain` (older than 2.41): a change
+    /// reads the ref with `ls-remote` first.
+    no_porcelain: std::sync::OnceLock<()>,
 }
 
 impl GitStore {
@@ -114,6 +131,8 @@ impl GitStore {
         Self {
             config,
             batch_ssh: std::sync::OnceLock::new(),
+            sha1: std::sync::OnceLock::new(),
+            no_porcelain: std::sync::OnceLock::new(),
         }
     }
 
@@ -195,7 +214,7 @@ impl Store for GitStore {
         }
         loop {
             let seen = match self
-                .read_seen(key, deadline)
+                .read_fetching(key, deadline)
                 .and_then(|s| self.with_fence(s))
             {
                 Ok(s) => s,
@@ -242,10 +261,11 @@ impl Store for GitStore {
     }
 
     /// Reads every lock ref in a bounded number of git processes, whatever
-    /// their number (SPEC §8): one `ls-remote`, a `cat-file --batch-check`
-    /// of every commit, one `fetch` of those the cache lacks (and a second
-    /// check of them), and one `cat-file --batch` that streams the state
-    /// files, each handed over as it is read, in `list`'s order.
+    /// their number (SPEC §8): one `ls-remote`; the state files the last
+    /// `list` read, from its memo; for the other commits a
+    /// `cat-file --batch-check`, one `fetch` of those the cache lacks (and a
+    /// second check of them), and one `cat-file --batch` that streams their
+    /// state files. Each lock is handed over as it is read, in `list`'s order.
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
         let deadline = Instant::now() + self.config.timeout;
         let prefix = self.ns_prefix(REF_PREFIX);
@@ -260,24 +280,57 @@ impl Store for GitStore {
             })
             .collect();
         named.sort_by_cached_key(|(k, r, _)| (crate::store::list_order(k), r.clone()));
-        let wanted: Vec<(String, String)> = named
+        let memo = self.list_memo(&prefix);
+        let fresh = !named.iter().all(|(_, _, o)| memo.contains_key(o));
+        // Those the memo lacks: read from the cache, after one fetch.
+        let unread: Vec<usize> = (0..named.len())
+            .filter(|i| !memo.contains_key(&named[*i].2))
+            .collect();
+        let wanted: Vec<(String, String)> = unread
             .iter()
-            .map(|(_, r, o)| (r.clone(), o.clone()))
+            .map(|i| (named[*i].1.clone(), named[*i].2.clone()))
             .collect();
         let plans = self.plans_fetched(&wanted, &[pattern], deadline)?;
-        self.finish(plans, &mut |i, found| {
+        let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut next = 0;
+        let mut hand = |i: usize, found: Found| -> Result<()> {
             let (key, r, oid) = &named[i];
-            let Some(seen) = self.interpret(oid, found) else {
-                return Err(self.unavailable(&format!(
-                    "the objects of {r} ({oid}) are not all in the cache {}",
-                    self.config.cache.display()
-                )));
+            let seen = match found {
+                Found::State(body) => {
+                    let seen = self.interpret_state(oid, &body);
+                    if memo::memo_worthy(&body) {
+                        kept.push((oid.clone(), body));
+                    }
+                    seen
+                }
+                other => self.interpret(oid, other).ok_or_else(|| {
+                    self.unavailable(&format!("the objects of {r} ({oid}) are not in the cache"))
+                })?,
             };
             if seen.current == Current::Free {
                 return Ok(());
             }
             visit(Listed::new(key.clone(), r.clone(), seen.current))
+        };
+        // The memo's, up to `upto`; then each one read, in its place.
+        let mut from_memo = |upto: usize, hand: &mut dyn FnMut(usize, Found) -> Result<()>| {
+            while next < upto {
+                if let Some(body) = memo.get(&named[next].2) {
+                    hand(next, Found::State(body.clone()))?;
+                }
+                next += 1;
+            }
+            Ok::<(), Error>(())
+        };
+        self.finish(plans, &mut |k, found| {
+            from_memo(unread[k], &mut hand)?;
+            hand(unread[k], found)?;
+            from_memo(unread[k] + 1, &mut hand)
         })?;
+        from_memo(named.len(), &mut hand)?;
+        if fresh || memo.len() != kept.len() {
+            self.save_list_memo(&prefix, &kept);
+        }
         Ok(0)
     }
 
@@ -367,56 +420,6 @@ impl GitStore {
         let (oid, body) = self.memo(r)?;
         let seen = self.interpret_state(&oid, &body);
         matches!(seen.current, Current::Free | Current::Held(_)).then_some(seen)
-    }
-
-    fn tip_file(&self, r: &str) -> PathBuf {
-        let h = crate::record::hash_token(&format!("{}\n{r}", self.config.remote));
-        self.config.cache.join("skill-lock-tips").join(&h[..32])
-    }
-
-    /// The commit this host last wrote to `r` or read there, and its state
-    /// file: a line with the object id, then the state (read bounded, from
-    /// a regular file only).
-    fn memo(&self, r: &str) -> Option<(String, Vec<u8>)> {
-        use std::io::Read as _;
-        let file = self.tip_file(r);
-        let meta = std::fs::symlink_metadata(&file).ok()?;
-        if !meta.is_file() {
-            return None;
-        }
-        let mut bytes = Vec::new();
-        std::fs::File::open(&file)
-            .ok()?
-            .take((MAX_STATE + 128) as u64)
-            .read_to_end(&mut bytes)
-            .ok()?;
-        let nl = bytes.iter().position(|b| *b == b'\n')?;
-        let oid = std::str::from_utf8(&bytes[..nl]).ok()?;
-        if !remote::is_oid(oid) || bytes.len() - nl - 1 > MAX_STATE {
-            return None;
-        }
-        Some((oid.to_owned(), bytes[nl + 1..].to_vec()))
-    }
-
-    /// Remembers (or forgets) the commit this host last pushed to `r`, or
-    /// read there, with its state file. Best effort: a lost note only costs
-    /// the read it would have saved.
-    fn remember(&self, r: &str, tip: Option<(&str, &[u8])>) {
-        let file = self.tip_file(r);
-        let Some((oid, body)) = tip else {
-            let _ = std::fs::remove_file(&file);
-            return;
-        };
-        let Some(dir) = file.parent() else { return };
-        let _ = std::fs::create_dir_all(dir);
-        let tmp = dir.join(format!(".{}", random_suffix()));
-        let mut bytes = Vec::with_capacity(oid.len() + 1 + body.len());
-        bytes.extend_from_slice(oid.as_bytes());
-        bytes.push(b'\n');
-        bytes.extend_from_slice(body);
-        if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, &file).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
     }
 
     /// Decides on `seen` and pushes the change with `seen` as the lease.
@@ -583,7 +586,8 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
 fn held_state(rec: &OwnerRecord, fence: u64, depth: u64, epoch: u64) -> Result<StateFile> {
     let mut rec = rec.clone();
     rec.holder.fence = fence;
-    let value = serde_json::to_value(&rec).map_err(|e| Error::Internal(e.to_string()))?;
+    let value =
+        serde_json::value::to_raw_value(&rec).map_err(|e| Error::Internal(e.to_string()))?;
     Ok(StateFile {
         format: STATE_FORMAT,
         state: "held".into(),

@@ -287,6 +287,62 @@ impl GitStore {
         }
     }
 
+    /// Fetches lock ref `r` into the cache and says what it pointed at, in
+    /// one git process and one connection (`fetch --porcelain -v`, which
+    /// prints the remote's value even when the cache has it). `Ok(None)`:
+    /// no such ref. `Err(None)`: this git's fetch has no `--porcelain`.
+    pub(super) fn fetch_tip(
+        &self,
+        r: &str,
+        deadline: Instant,
+    ) -> std::result::Result<Option<String>, Option<Error>> {
+        let dst = self.cache_ref(r);
+        let spec = format!("+{r}:{dst}");
+        let args = [
+            "fetch",
+            "--porcelain",
+            "-v",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "--",
+            REMOTE_NAME,
+            spec.as_str(),
+        ];
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let Some(out) = self.remote_cmd(&args, deadline, STDOUT_CAP)? else {
+                return Err(Some(self.unavailable("no answer in time")));
+            };
+            // `FLAG OLD NEW LOCAL-REF`; NEW is the remote's value (also
+            // when the cache ref could not be updated: the objects are here).
+            let text = String::from_utf8_lossy(&out.stdout);
+            // (FLAG is one character, a space for a fast-forward.)
+            let tip = text.lines().find_map(|l| {
+                let mut p = l.rsplitn(4, ' ');
+                let (local, new) = (p.next()?, p.next()?);
+                (local == dst && is_oid(new)).then(|| new.to_owned())
+            });
+            if tip.is_some() {
+                return Ok(tip);
+            }
+            let why = out.stderr.trim().to_owned();
+            if why.contains("couldn't find remote ref") {
+                return Ok(None);
+            }
+            if why.contains("porcelain") {
+                return Err(None);
+            }
+            let wait = jitter(pause);
+            if !transient(&why) || Instant::now() + wait >= deadline {
+                return Err(Some(self.unavailable(&format!("git fetch failed: {why}"))));
+            }
+            std::thread::sleep(wait);
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
     /// Pushes `commit` to `r` if the ref is still `expect` (None: absent),
     /// and the old chain to the archive ref after a roll-over.
     pub(super) fn push(
