@@ -621,7 +621,11 @@ impl GitStore {
         } else {
             patterns.to_vec()
         };
-        let failed = self.fetch(&names, deadline)?;
+        let mut failed = self.fetch(&names, deadline)?;
+        if failed.is_some() && names != patterns {
+            // One ref gone since it was listed fails a fetch by names whole.
+            failed = self.fetch(patterns, deadline)?;
+        }
         let mut left = missing;
         for moved in [false, true] {
             let names: Vec<String> = left
