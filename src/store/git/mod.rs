@@ -290,7 +290,10 @@ impl Store for GitStore {
             .iter()
             .map(|i| (named[*i].1.clone(), named[*i].2.clone()))
             .collect();
-        let plans = self.plans_fetched(&wanted, &[pattern], deadline)?;
+        let (plans, moved) = self.plans_fetched(&wanted, &[pattern], deadline)?;
+        // A ref that moved since it was listed was read at its new commit:
+        // not kept under the old one.
+        let moved: std::collections::HashSet<usize> = moved.iter().map(|k| unread[*k]).collect();
         let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
         let mut next = 0;
         let mut hand = |i: usize, found: Found| -> Result<()> {
@@ -298,7 +301,7 @@ impl Store for GitStore {
             let seen = match found {
                 Found::State(body) => {
                     let seen = self.interpret_state(oid, &body);
-                    if memo::memo_worthy(&body) {
+                    if memo::memo_worthy(&body) && !moved.contains(&i) {
                         kept.push((oid.clone(), body));
                     }
                     seen
@@ -603,18 +606,18 @@ impl GitStore {
     /// one fetch of those the cache lacks: by name when they are few, else
     /// by `patterns` (each git process's work grows with the refs, their
     /// number never does). A ref that moved since it was listed is read
-    /// where the fetch found it.
+    /// where the fetch found it: its index is in the second list.
     fn plans_fetched(
         &self,
         refs: &[(String, String)],
         patterns: &[String],
         deadline: Instant,
-    ) -> Result<Vec<Plan>> {
+    ) -> Result<(Vec<Plan>, Vec<usize>)> {
         let oids: Vec<String> = refs.iter().map(|(_, o)| o.clone()).collect();
         let mut plans = self.probe(&oids)?;
         let missing: Vec<usize> = (0..plans.len()).filter(|i| plans[*i].missing()).collect();
         if missing.is_empty() {
-            return Ok(plans);
+            return Ok((plans, Vec::new()));
         }
         let names: Vec<String> = if missing.len() <= FETCH_BY_NAME {
             missing.iter().map(|i| refs[*i].0.clone()).collect()
@@ -627,6 +630,7 @@ impl GitStore {
             failed = self.fetch(patterns, deadline)?;
         }
         let mut left = missing;
+        let mut moved_ones = Vec::new();
         for moved in [false, true] {
             let names: Vec<String> = left
                 .iter()
@@ -643,12 +647,14 @@ impl GitStore {
             for (i, p) in left.into_iter().zip(again) {
                 if p.missing() {
                     still.push(i);
+                } else if moved {
+                    moved_ones.push(i);
                 }
                 plans[i] = p;
             }
             left = still;
             if left.is_empty() {
-                return Ok(plans);
+                return Ok((plans, moved_ones));
             }
         }
         let (r, oid) = &refs[left[0]];
