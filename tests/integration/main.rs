@@ -33,6 +33,7 @@ mod exact;
 mod example;
 mod fs_store;
 mod generated;
+mod git_scale;
 mod git_store;
 mod history;
 mod hostile;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::objects::Found;
 use super::*;
 use crate::error::{Error, Result};
 use crate::history::Event;
@@ -24,8 +25,9 @@ pub(super) struct StateFile {
     /// Roll-overs so far: the chain's number, for ordering archived chains.
     #[serde(default)]
     pub(super) epoch: u64,
+    /// The owner record, as written (parsed once, by [`OwnerRecord::parse`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) record: Option<serde_json::Value>,
+    pub(super) record: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// A lock's ref as read.
@@ -43,166 +45,181 @@ pub(super) struct RefState {
     pub(super) epoch: u64,
     /// `oid` is a readable commit a new state may name as its parent.
     pub(super) chainable: bool,
+    /// Its state is unreadable but its commit sane: its last fence may be
+    /// read from its ancestors ([`GitStore::with_fence`]).
+    pub(super) recover: bool,
+}
+
+impl RefState {
+    /// No ref: a free lock that was never taken.
+    pub(super) fn absent() -> Self {
+        Self {
+            oid: None,
+            current: Current::Free,
+            fence: Some(0),
+            depth: 0,
+            epoch: 0,
+            chainable: false,
+            recover: false,
+        }
+    }
 }
 
 impl GitStore {
-    /// Reads `lock.json` of each commit (None: no such commit or file here).
-    pub(super) fn read_states(&self, oids: &[&str]) -> Result<Vec<Option<Vec<u8>>>> {
-        if oids.is_empty() {
-            return Ok(Vec::new());
+    /// What a commit holds, as the engine is shown it. `None`: its objects
+    /// are not all in the cache (yet); never judged corrupt for that.
+    pub(super) fn interpret(&self, oid: &str, found: Found) -> Option<RefState> {
+        match found {
+            Found::Missing => None,
+            Found::Bad { why, sane } => Some(RefState {
+                oid: Some(oid.to_owned()),
+                current: Current::Corrupt(why),
+                fence: None,
+                depth: 0,
+                epoch: 0,
+                chainable: false,
+                recover: sane,
+            }),
+            Found::State(body) => Some(self.interpret_state(oid, &body)),
         }
-        let mut input = String::new();
-        for oid in oids {
-            let _ = writeln!(input, "{oid}:{STATE_FILE}");
-        }
-        let out = self.local(&["cat-file", "--batch"], Some(input.as_bytes()))?;
-        if !out.ok() {
-            return Err(self.cache_error(&format!("git cat-file failed: {}", out.stderr.trim())));
-        }
-        let mut res = Vec::with_capacity(oids.len());
-        let mut rest: &[u8] = &out.stdout;
-        for _ in oids {
-            let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
-                res.push(None);
-                continue;
-            };
-            let header = String::from_utf8_lossy(&rest[..nl]).into_owned();
-            rest = &rest[nl + 1..];
-            let parts: Vec<&str> = header.split(' ').collect();
-            if parts.len() == 3
-                && let Ok(size) = parts[2].parse::<usize>()
-                && rest.len() > size
-            {
-                let body = rest[..size].to_vec();
-                rest = &rest[size + 1..];
-                res.push((parts[1] == "blob").then_some(body));
-            } else {
-                res.push(None);
-            }
-        }
-        Ok(res)
-    }
-
-    pub(super) fn is_commit(&self, oid: &str) -> Result<bool> {
-        Ok(self
-            .local(&["cat-file", "-e", &format!("{oid}^{{commit}}")], None)?
-            .ok())
     }
 
     /// Interprets a state file.
-    /// `None`: the commit's objects are not all in the cache (yet); never
-    /// judged corrupt for that.
-    pub(super) fn interpret(&self, oid: &str, body: Option<Vec<u8>>) -> Result<Option<RefState>> {
-        let corrupt = |why: String, fence: Option<u64>, depth: u64| {
-            Some(RefState {
-                oid: Some(oid.to_owned()),
-                current: Current::Corrupt(why),
-                fence,
-                depth,
-                epoch: 0,
-                chainable: fence.is_some(),
-            })
+    pub(super) fn interpret_state(&self, oid: &str, body: &[u8]) -> RefState {
+        let corrupt = |why: String, fence: Option<u64>, depth: u64| RefState {
+            oid: Some(oid.to_owned()),
+            current: Current::Corrupt(why),
+            fence,
+            depth,
+            epoch: 0,
+            chainable: fence.is_some(),
+            recover: fence.is_none(),
         };
-        let Some(body) = body else {
-            if !self.is_commit(oid)? {
-                return Ok(None);
-            }
-            // The state file is absent only if the tree is readable and lacks it.
-            let tree = self.local(&["ls-tree", "--name-only", oid], None)?;
-            let listed = String::from_utf8_lossy(&tree.stdout)
-                .lines()
-                .any(|l| l == STATE_FILE);
-            if !tree.ok() || listed {
-                return Ok(None);
-            }
-            let fence = self.recover_fence(oid)?;
-            return Ok(corrupt(
-                format!("the lock ref's commit {oid} holds no {STATE_FILE}"),
-                fence,
-                0,
-            ));
-        };
-        let state: StateFile = match serde_json::from_slice(&body) {
+        let state: StateFile = match serde_json::from_slice(body) {
             Ok(s) => s,
-            Err(e) => {
-                let fence = self.recover_fence(oid)?;
-                return Ok(corrupt(format!("unreadable {STATE_FILE}: {e}"), fence, 0));
-            }
+            Err(e) => return corrupt(format!("unreadable {STATE_FILE}: {e}"), None, 0),
         };
         if state.format != STATE_FORMAT {
-            return Ok(corrupt(
+            return corrupt(
                 format!("unknown state format {}", state.format),
                 Some(state.fence),
                 state.depth,
-            ));
+            );
         }
         let current = match (state.state.as_str(), &state.record) {
             ("free", _) => Current::Free,
-            ("held", Some(rec)) => {
-                let bytes = serde_json::to_vec(rec).unwrap_or_default();
-                match OwnerRecord::parse(&bytes) {
-                    Ok(mut r) => {
-                        r.holder.fence = state.fence;
-                        Current::Held(self.seen(r))
-                    }
-                    Err(why) => Current::Corrupt(why),
+            ("held", Some(rec)) => match OwnerRecord::parse(rec.get().as_bytes()) {
+                Ok(mut r) => {
+                    r.holder.fence = state.fence;
+                    Current::Held(self.seen(r))
                 }
-            }
+                Err(why) => Current::Corrupt(why),
+            },
             (other, _) => Current::Corrupt(format!("unknown lock state {other:?}")),
         };
-        Ok(Some(RefState {
+        RefState {
             oid: Some(oid.to_owned()),
             current,
             fence: Some(state.fence),
             depth: state.depth,
             epoch: state.epoch,
             chainable: true,
-        }))
+            recover: false,
+        }
+    }
+
+    /// `seen`, with the last fence of an unreadable state taken from its
+    /// history (read only when a change needs it: never by a reader).
+    pub(super) fn with_fence(&self, mut seen: RefState) -> Result<RefState> {
+        if seen.fence.is_none()
+            && seen.recover
+            && let Some(oid) = &seen.oid
+        {
+            seen.fence = self.recover_fence(oid)?;
+            seen.chainable = seen.fence.is_some();
+        }
+        Ok(seen)
     }
 
     /// The newest fence readable in the ancestors of an unreadable state.
     pub(super) fn recover_fence(&self, oid: &str) -> Result<Option<u64>> {
-        let out = self.local(&["rev-list", "--max-count=200", oid], None)?;
+        let out = self.local_capped(&["rev-list", "--max-count=200", oid], None, 200 * 70)?;
         if !out.ok() {
             return Ok(None);
         }
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let oids: Vec<&str> = text.lines().collect();
-        let bodies = self.read_states(&oids)?;
-        Ok(bodies
-            .into_iter()
-            .flatten()
-            .filter_map(|b| serde_json::from_slice::<StateFile>(&b).ok())
-            .map(|s| s.fence)
-            .max())
+        let oids: Vec<String> = text
+            .lines()
+            .filter(|l| super::remote::is_oid(l))
+            .map(str::to_owned)
+            .collect();
+        let mut best: Option<u64> = None;
+        self.read_found(&oids, &mut |_, found| {
+            if let Found::State(b) = found
+                && let Ok(s) = serde_json::from_slice::<StateFile>(&b)
+            {
+                best = best.max(Some(s.fence));
+            }
+            Ok(())
+        })?;
+        Ok(best)
     }
 
-    /// Reads one lock: one ls-remote, and a fetch only when the commit is new here.
+    /// Reads one lock for a change: one `git fetch` that lists the ref and
+    /// brings its commit when it is new here (a read that finds the lock
+    /// changed costs one connection, not two), then the state as
+    /// [`GitStore::read_seen`] reads it. With a git older than 2.41, as
+    /// `read_seen`.
+    pub(super) fn read_fetching(&self, key: &LockKey, deadline: Instant) -> Result<RefState> {
+        if self.no_porcelain.get().is_some() {
+            return self.read_seen(key, deadline);
+        }
+        let r = self.lock_ref(key);
+        let oid = match self.fetch_tip(&r, deadline) {
+            Ok(Some(oid)) => oid,
+            Ok(None) => return Ok(RefState::absent()),
+            Err(Some(e)) => return Err(e),
+            Err(None) => {
+                let _ = self.no_porcelain.set(());
+                return self.read_seen(key, deadline);
+            }
+        };
+        if let Some((memo, body)) = self.memo(&r)
+            && memo == oid
+        {
+            return Ok(self.interpret_state(&oid, &body));
+        }
+        let found = self.read_one(&oid)?;
+        if let Found::State(body) = &found {
+            self.remember(&r, Some((&oid, body)));
+        }
+        match self.interpret(&oid, found) {
+            Some(seen) => Ok(seen),
+            // Its objects are not all here (yet): read it the long way.
+            None => self.read_seen(key, deadline),
+        }
+    }
+
+    /// Reads one lock: one ls-remote; the state this host last wrote or
+    /// read when the ref still names it; otherwise a bounded read of the
+    /// cache, after a fetch when the commit is new here.
     pub(super) fn read_seen(&self, key: &LockKey, deadline: Instant) -> Result<RefState> {
-        self.read_seen_ref(&self.lock_ref(key), deadline)
-    }
-
-    /// [`Self::read_seen`] of the lock ref `r`.
-    pub(super) fn read_seen_ref(&self, r: &str, deadline: Instant) -> Result<RefState> {
-        let r = r.to_owned();
-        let mut fetched = false;
+        let r = self.lock_ref(key);
         loop {
             let refs = self.ls_remote(std::slice::from_ref(&r), &r, deadline)?;
             let Some(oid) = refs.get(&r).cloned() else {
-                return Ok(RefState {
-                    oid: None,
-                    current: Current::Free,
-                    fence: Some(0),
-                    depth: 0,
-                    epoch: 0,
-                    chainable: false,
-                });
+                return Ok(RefState::absent());
             };
-            let mut body = self.read_states(&[oid.as_str()])?.pop().flatten();
-            if body.is_none() && !self.is_commit(&oid)? {
-                let failed = self.fetch(&[(r.clone(), oid.clone())], deadline)?;
-                fetched = true;
-                if !self.is_commit(&oid)? {
+            if let Some((memo, body)) = self.memo(&r)
+                && memo == oid
+            {
+                return Ok(self.interpret_state(&oid, &body));
+            }
+            let mut found = self.read_one(&oid)?;
+            if matches!(found, Found::Missing) {
+                let failed = self.fetch(std::slice::from_ref(&r), deadline)?;
+                found = self.read_one(&oid)?;
+                if matches!(found, Found::Missing) {
                     match failed {
                         Some(why) if transient(&why) => {
                             std::thread::sleep(jitter(Duration::from_millis(50)));
@@ -212,51 +229,22 @@ impl GitStore {
                         }
                         _ => {}
                     }
-                    // The ref moved between the two calls, or points at no commit.
+                    // The ref moved between the two calls.
                     if Instant::now() >= deadline {
-                        return Err(
-                            self.unavailable("the lock ref kept moving or points at no commit")
-                        );
+                        return Err(self.unavailable(&format!(
+                            "the lock ref kept moving, or the objects of {oid} never arrived in the cache {}",
+                            self.config.cache.display()
+                        )));
                     }
-                    // Its type, read once (another process's fetch may have
-                    // brought the commit since the check above).
-                    let kind = self.local(&["cat-file", "-t", &oid], None)?;
-                    let kind = String::from_utf8_lossy(&kind.stdout).trim().to_owned();
-                    if !kind.is_empty() && kind != "commit" {
-                        return Ok(RefState {
-                            oid: Some(oid.clone()),
-                            current: Current::Corrupt(format!(
-                                "the lock ref points at {oid}, which is not a commit"
-                            )),
-                            fence: None,
-                            depth: 0,
-                            epoch: 0,
-                            chainable: false,
-                        });
-                    }
-                    if kind != "commit" {
-                        continue;
-                    }
+                    continue;
                 }
-                body = self.read_states(&[oid.as_str()])?.pop().flatten();
             }
-            if let Some(seen) = self.interpret(&oid, body)? {
+            if let Found::State(body) = &found {
+                self.remember(&r, Some((&oid, body)));
+            }
+            if let Some(seen) = self.interpret(&oid, found) {
                 return Ok(seen);
             }
-            // The commit is here but not all of its objects: another process
-            // may still be writing them, or a killed fetch left them out.
-            if Instant::now() >= deadline {
-                return Err(self.unavailable(&format!(
-                    "the objects of {oid} stay incomplete in the cache {}",
-                    self.config.cache.display()
-                )));
-            }
-            if fetched {
-                std::thread::sleep(Duration::from_millis(20));
-            } else {
-                let _ = self.fetch(&[(r.clone(), oid.clone())], deadline)?;
-            }
-            fetched = !fetched;
         }
     }
 
@@ -289,15 +277,15 @@ impl GitStore {
         }
     }
 
-    /// Writes the blob, tree and commit of a new state.
-    pub(super) fn make_commit(
+    /// Writes the blob, tree and commit of a new state with git (a cache
+    /// whose objects are not named by SHA-1).
+    pub(super) fn make_commit_by_git(
         &self,
-        state: &StateFile,
+        body: &[u8],
         parent: Option<&str>,
         message: &str,
     ) -> Result<String> {
-        let body = serde_json::to_vec(state).map_err(|e| Error::Internal(e.to_string()))?;
-        let blob = self.local(&["hash-object", "-w", "--stdin"], Some(&body))?;
+        let blob = self.local(&["hash-object", "-w", "--stdin"], Some(body))?;
         let blob = self.oid_of(&blob, "hash-object")?;
         let tree_in = format!("100644 blob {blob}\t{STATE_FILE}\n");
         let tree = self.local(&["mktree"], Some(tree_in.as_bytes()))?;

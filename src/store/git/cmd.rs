@@ -15,12 +15,28 @@ pub(super) struct Output {
     pub(super) code: Option<i32>,
     pub(super) stdout: Vec<u8>,
     pub(super) stderr: String,
+    /// Its stdout outgrew the bound it was read with: the process was
+    /// stopped there and `stdout` is not all of it.
+    pub(super) overflow: bool,
 }
 
 impl Output {
     pub(super) fn ok(&self) -> bool {
-        self.code == Some(0)
+        self.code == Some(0) && !self.overflow
     }
+}
+
+/// The most of a git process's stderr kept (the rest is read and dropped).
+const STDERR_CAP: usize = 64 * 1024;
+/// The most of git's stdout any caller keeps unless it says otherwise.
+pub(super) const STDOUT_CAP: usize = 1 << 20;
+
+/// What a reader of git's stdout wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    More,
+    /// Enough (or too much): stop the process.
+    Stop,
 }
 
 /// `git` with every prompt disabled and an environment that cannot redirect
@@ -40,12 +56,17 @@ pub(super) fn git_command() -> Command {
         "gc.auto=0",
         // Fetched objects stay in one pack, which appears whole: a process
         // sharing the cache never sees a commit without its tree and blob.
+        // (Only fetches: a file:// remote receiving a push unpacks it as
+        // git does by default, rather than keep a pack per change.)
         "-c",
         "fetch.unpackLimit=1",
         "-c",
-        "transfer.unpackLimit=1",
-        "-c",
         "maintenance.auto=false",
+        // Blobs past 1 MiB are streamed, never held whole, by every git this
+        // starts (index-pack of a fetch, cat-file, pack-objects): a remote's
+        // huge record costs git no memory (SPEC §8: read bounded).
+        "-c",
+        "core.bigFileThreshold=1m",
         // Transports that run commands are never used, whatever a URL says.
         "-c",
         "protocol.ext.allow=never",
@@ -80,11 +101,48 @@ pub(super) fn git_command() -> Command {
 }
 
 /// Runs `cmd` in its own process group, feeding `input`; kills the whole
-/// group at `deadline`. `Ok(None)`: it overran and was killed.
+/// group at `deadline`. At most `cap` bytes of its stdout are kept: past
+/// them the process is stopped and the output says `overflow`.
+/// `Ok(None)`: it overran the deadline and was killed.
 pub(super) fn run(
     cmd: &mut Command,
     input: Option<&[u8]>,
     deadline: Instant,
+    cap: usize,
+) -> std::io::Result<Option<Output>> {
+    let mut stdout = Vec::new();
+    let mut overflow = false;
+    let out = run_streaming(cmd, input, deadline, &mut |chunk| {
+        if stdout.len() + chunk.len() > cap {
+            overflow = true;
+            return Flow::Stop;
+        }
+        stdout.extend_from_slice(chunk);
+        Flow::More
+    })?;
+    Ok(out.map(|o| Output {
+        stdout,
+        overflow,
+        ..o
+    }))
+}
+
+/// What the threads around a running git report.
+enum Event {
+    Out(Vec<u8>),
+    OutEnd,
+    Exited(std::io::Result<std::process::ExitStatus>),
+}
+
+/// Runs `cmd` as [`run`] does, handing its stdout to `sink` piece by piece
+/// as it comes (so that nothing bounds it but what `sink` keeps); `sink`
+/// answering [`Flow::Stop`] stops the process. The output's `stdout` is
+/// empty, and `code` is `None` when the process was stopped.
+pub(super) fn run_streaming(
+    cmd: &mut Command,
+    input: Option<&[u8]>,
+    deadline: Instant,
+    sink: &mut dyn FnMut(&[u8]) -> Flow,
 ) -> std::io::Result<Option<Output>> {
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(cmd, 0);
@@ -102,28 +160,6 @@ pub(super) fn run(
     // Object, the whole of which is killed at the deadline.
     #[cfg(windows)]
     let job = crate::win::Job::new().and_then(|j| j.assign(child.id()).map(|()| j))?;
-    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
-        let bytes = bytes.to_vec();
-        std::thread::spawn(move || {
-            let _ = stdin.write_all(&bytes);
-        });
-    }
-    let (tx_out, rx_out) = mpsc::channel();
-    let (tx_err, rx_err) = mpsc::channel();
-    if let Some(mut o) = child.stdout.take() {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = o.read_to_end(&mut v);
-            let _ = tx_out.send(v);
-        });
-    }
-    if let Some(mut e) = child.stderr.take() {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = e.read_to_end(&mut v);
-            let _ = tx_err.send(v);
-        });
-    }
     #[cfg(windows)]
     let kill = || job.terminate(1);
     #[cfg(unix)]
@@ -135,33 +171,110 @@ pub(super) fn run(
             }
         }
     };
-    // A waiter thread reaps the child; this one waits for it or the deadline.
-    let (tx_done, rx_done) = mpsc::channel();
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+        let bytes = bytes.to_vec();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&bytes);
+        });
+    }
+    // A few pieces in flight at most: git waits while the reader is busy.
+    let (tx, rx) = mpsc::sync_channel(4);
+    if let Some(o) = child.stdout.take() {
+        let tx = tx.clone();
+        std::thread::spawn(move || pump(o, &tx));
+    }
+    let (tx_err, rx_err) = mpsc::channel();
+    if let Some(mut e) = child.stderr.take() {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let _ = (&mut e).take(STDERR_CAP as u64).read_to_end(&mut kept);
+            // The rest is drained, so that git never blocks on it.
+            let _ = std::io::copy(&mut e, &mut std::io::sink());
+            let _ = tx_err.send(kept);
+        });
+    }
+    // A waiter thread reaps the child; this one reads and watches the deadline.
     std::thread::spawn(move || {
-        let _ = tx_done.send(child.wait());
+        let _ = tx.send(Event::Exited(child.wait()));
     });
-    let left = deadline.saturating_duration_since(Instant::now());
-    let Ok(status) = rx_done.recv_timeout(left) else {
-        kill();
-        let _ = rx_done.recv();
+    let Some((status, stopped)) = drive(&rx, deadline, sink, &kill) else {
         return Ok(None);
     };
     let status = status?;
-    // A helper left behind (an ssh control master) may hold the pipes open:
-    // wait for them only until the deadline.
-    let wait = |rx: &mpsc::Receiver<Vec<u8>>| {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        rx.recv_timeout(left).unwrap_or_default()
-    };
-    let stdout = wait(&rx_out);
-    let stderr = String::from_utf8_lossy(&wait(&rx_err)).into_owned();
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(100));
+    let stderr =
+        String::from_utf8_lossy(&rx_err.recv_timeout(left).unwrap_or_default()).into_owned();
     Ok(Some(Output {
-        code: status.code(),
-        stdout,
+        code: if stopped { None } else { status.code() },
+        stdout: Vec::new(),
         stderr,
+        overflow: false,
     }))
+}
+
+/// Copies a pipe to `tx` in pieces until its end (or until nobody listens).
+fn pump(mut from: impl Read, tx: &mpsc::SyncSender<Event>) {
+    loop {
+        let mut buf = vec![0u8; 64 * 1024];
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                buf.truncate(n);
+                if tx.send(Event::Out(buf)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = tx.send(Event::OutEnd);
+}
+
+/// Feeds stdout to `sink` until the process has exited and its stdout has
+/// ended: `(exit status, stopped by sink)`, or `None` when the deadline
+/// came first (the group is then killed, and reaped).
+fn drive(
+    rx: &mpsc::Receiver<Event>,
+    deadline: Instant,
+    sink: &mut dyn FnMut(&[u8]) -> Flow,
+    kill: &dyn Fn(),
+) -> Option<(std::io::Result<std::process::ExitStatus>, bool)> {
+    let mut status = None;
+    let mut open = true;
+    let mut stopped = false;
+    while open || status.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Exited, but a helper left behind (an ssh control master) may hold
+        // the pipe open: wait for it only until the deadline.
+        let left = if status.is_some() {
+            left.max(Duration::from_millis(100))
+        } else {
+            left
+        };
+        match rx.recv_timeout(left) {
+            Ok(Event::Out(chunk)) => {
+                if !stopped && sink(&chunk) == Flow::Stop {
+                    stopped = true;
+                    kill();
+                }
+            }
+            Ok(Event::OutEnd) => open = false,
+            Ok(Event::Exited(s)) => status = Some(s),
+            Err(_) if status.is_some() => break,
+            Err(_) => {
+                kill();
+                // Reaped by the waiter: wait for it so no zombie is left.
+                while let Ok(ev) = rx.recv() {
+                    if matches!(ev, Event::Exited(_)) {
+                        break;
+                    }
+                }
+                return None;
+            }
+        }
+    }
+    status.map(|s| (s, stopped))
 }
 
 /// Does git's complaint look like a dropped connection (worth another try)?

@@ -300,8 +300,12 @@ pub(super) fn resolve_remote(remote: &str, cwd: &Path, url: &str) -> Result<Stri
         let mut cmd = git_command();
         cmd.current_dir(cwd)
             .args(["remote", "get-url", "--push", "--", remote]);
-        if let Ok(Some(out)) = run(&mut cmd, None, Instant::now() + Duration::from_secs(5))
-            && out.ok()
+        if let Ok(Some(out)) = run(
+            &mut cmd,
+            None,
+            Instant::now() + Duration::from_secs(5),
+            cmd::STDOUT_CAP,
+        ) && out.ok()
         {
             let v = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             if !v.is_empty() {
@@ -328,9 +332,14 @@ pub(super) fn resolve_remote(remote: &str, cwd: &Path, url: &str) -> Result<Stri
 pub(super) fn toplevel(cwd: &Path) -> Option<PathBuf> {
     let mut cmd = git_command();
     cmd.current_dir(cwd).args(["rev-parse", "--show-toplevel"]);
-    let out = run(&mut cmd, None, Instant::now() + Duration::from_secs(5))
-        .ok()
-        .flatten()?;
+    let out = run(
+        &mut cmd,
+        None,
+        Instant::now() + Duration::from_secs(5),
+        cmd::STDOUT_CAP,
+    )
+    .ok()
+    .flatten()?;
     (out.code == Some(0))
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
         .filter(|p| p.is_absolute())

@@ -31,13 +31,23 @@
 //! or under a later one, means it was applied.
 //!
 //! Objects are made in a private bare repository (the cache, see
-//! [`GitConfig::parse`]) with `git hash-object`, `mktree` and `commit-tree`,
-//! which are safe for concurrent processes, and pushed from there. A read is
-//! one `git ls-remote`, plus a `git fetch` only when the commit is not in the
-//! cache yet (a lock this host changed last is never fetched). A change on a
-//! lock this host wrote last is first decided on what it wrote and pushed with
-//! that as the lease, saving the read; a wrong guess is rejected by the
-//! server, and a guess that changes nothing is never trusted.
+//! [`GitConfig::parse`]), written there by this process as loose objects
+//! (blob, tree, then commit, each renamed into place whole; see `loose.rs`),
+//! and pushed from there. What a remote serves is read bounded (SPEC §8):
+//! sizes first, with `cat-file --batch-check`, and only state files no
+//! larger than a record allows, streamed (see `objects.rs`). A read
+//! (`status`, `check`) is one `git ls-remote`, and nothing more when the ref
+//! still names the state this host last wrote or read (remembered with it,
+//! see `memo.rs`); otherwise a `cat-file` pair, after a `git fetch` when the
+//! commit is not in the cache yet. A change reads with one `git fetch
+//! --porcelain`, which both names the ref's commit and brings it. A change
+//! on a lock this host wrote or read last is first decided on that state and
+//! pushed with it as the lease, saving the read: so a renew or release is
+//! one git process, the push; a wrong guess is rejected by the server, and a
+//! guess that changes nothing is never trusted. `list` reads every lock in
+//! a bounded number of git processes, whatever their number: one
+//! `ls-remote`, the state files the last `list` read from its memo, and the
+//! others in one fetch and one `cat-file` pair.
 //!
 //! Expiry is judged by this host's wall clock (a record from this boot of
 //! this host: by its boot-time clock, as in the file store): a record judged
@@ -55,18 +65,22 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::{LockKey, is_digest_stem};
-use crate::record::{OwnerRecord, random_suffix};
+use crate::record::OwnerRecord;
 use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
 
 mod chain;
 mod cmd;
 mod config;
+mod loose;
+mod memo;
+mod objects;
 mod remote;
 
 use chain::{RefState, StateFile, message};
 use cmd::{Mode0700, Output, git_command, jitter, run, transient};
 use config::is_local_path;
 pub use config::{GitConfig, REMOTE_NAME, has_secret, redact, validate_remote};
+use objects::{Found, Plan};
 use remote::Pushed;
 
 /// Default deadline of one command's git work.
@@ -86,6 +100,8 @@ pub const ARCHIVE_PREFIX: &str = "refs/skill-lock-archive/";
 /// Archived chains kept per lock (`<archive prefix><name>/<epoch mod this>`).
 pub const ARCHIVE_SLOTS: u64 = 10;
 const STATE_FILE: &str = "lock.json";
+/// Missing commits fetched by their refs' names; more are fetched by pattern.
+const FETCH_BY_NAME: usize = 32;
 const STATE_FORMAT: u32 = 1;
 
 /// The git store.
@@ -94,6 +110,11 @@ pub struct GitStore {
     config: GitConfig,
     /// Whether ssh needs `BatchMode` from us (decided once, on first use).
     batch_ssh: std::sync::OnceLock<bool>,
+    /// Whether the cache names objects by SHA-1 (read once, on first write).
+    sha1: std::sync::OnceLock<bool>,
+    /// This git's `fetch` has no `--porcelain` (older than 2.41): a change
+    /// reads the ref with `ls-remote` first.
+    no_porcelain: std::sync::OnceLock<()>,
 }
 
 impl GitStore {
@@ -112,6 +133,8 @@ impl GitStore {
         Self {
             config,
             batch_ssh: std::sync::OnceLock::new(),
+            sha1: std::sync::OnceLock::new(),
+            no_porcelain: std::sync::OnceLock::new(),
         }
     }
 
@@ -163,6 +186,8 @@ fn recorded_key(current: &Current, stem: &str) -> Option<LockKey> {
 /// An attempt whose push outcome was unknown, kept to recognise it later.
 struct Pending<T> {
     commit: String,
+    /// Its state file.
+    body: Vec<u8>,
     value: T,
     written: Option<Written>,
 }
@@ -209,7 +234,7 @@ impl Store for GitStore {
         // it as the lease saves the read when nobody changed the lock since
         // (renew, release). A decision to change nothing is not trusted on
         // this view: it is made again on a fresh read.
-        if let Some(seen) = self.remembered(&r)? {
+        if let Some(seen) = self.remembered(&r) {
             match self.attempt(key, &r, &seen, decide, push_deadline, true)? {
                 Step::Done(c) => return Ok(c),
                 Step::Again => {}
@@ -220,7 +245,10 @@ impl Store for GitStore {
             }
         }
         loop {
-            let seen = match self.read_seen(key, deadline) {
+            let seen = match self
+                .read_fetching(key, deadline)
+                .and_then(|s| self.with_fence(s))
+            {
                 Ok(s) => s,
                 Err(e) if pending.is_empty() => return Err(e),
                 Err(e) => {
@@ -234,7 +262,7 @@ impl Store for GitStore {
                 for i in 0..pending.len() {
                     if self.contains(tip, &pending[i].commit)? {
                         let p = pending.swap_remove(i);
-                        self.remember(&r, Some(&p.commit));
+                        self.remember(&r, Some((&p.commit, &p.body)));
                         return Ok(Committed {
                             value: p.value,
                             written: p.written,
@@ -264,12 +292,17 @@ impl Store for GitStore {
         }
     }
 
-    /// Reads every lock ref in one `ls-remote` and one `cat-file` batch
-    /// (a network store reads them all anyway), then hands them over in order.
+    /// Reads every lock ref in a bounded number of git processes, whatever
+    /// their number (SPEC §8): one `ls-remote`; the state files the last
+    /// `list` read, from its memo; for the other commits a
+    /// `cat-file --batch-check`, one `fetch` of those the cache lacks (and a
+    /// second check of them), and one `cat-file --batch` that streams their
+    /// state files. Each lock is handed over as it is read, in `list`'s order.
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
         let deadline = Instant::now() + self.config.timeout;
         let prefix = self.ns_prefix(REF_PREFIX);
-        let refs = self.ls_remote(&[format!("{prefix}*")], &prefix, deadline)?;
+        let pattern = format!("{prefix}*");
+        let refs = self.ls_remote(std::slice::from_ref(&pattern), &prefix, deadline)?;
         // A digest stem's key is known once its record is read.
         let mut named: Vec<(Option<LockKey>, String, String)> = refs
             .into_iter()
@@ -279,31 +312,75 @@ impl Store for GitStore {
                 (key.is_some() || is_digest_stem(name)).then_some((key, r, oid))
             })
             .collect();
-        named.sort_by(|a, b| a.1.cmp(&b.1));
-        self.fetch_missing(
-            named
-                .iter()
-                .map(|(_, r, o)| (r.clone(), o.clone()))
-                .collect(),
-            deadline,
-        )?;
-        let oids: Vec<&str> = named.iter().map(|(_, _, o)| o.as_str()).collect();
-        let bodies = self.read_states(&oids)?;
-        let mut locks = Vec::new();
-        for ((key, r, oid), body) in named.into_iter().zip(bodies) {
-            let seen = match self.interpret(&oid, body)? {
-                Some(seen) => seen,
-                None => self.read_seen_ref(&r, deadline)?,
+        // A digest stem (a name too long for a ref) sorts by its readable
+        // prefix: `list`'s order holds for every other lock.
+        named.sort_by_cached_key(|(k, r, _)| {
+            let order = k.as_ref().map_or_else(
+                || (r[prefix.len()..].to_owned(), String::new()),
+                crate::store::list_order,
+            );
+            (order, r.clone())
+        });
+        let memo = self.list_memo(&prefix);
+        let fresh = !named.iter().all(|(_, _, o)| memo.contains_key(o));
+        // Those the memo lacks: read from the cache, after one fetch.
+        let unread: Vec<usize> = (0..named.len())
+            .filter(|i| !memo.contains_key(&named[*i].2))
+            .collect();
+        let wanted: Vec<(String, String)> = unread
+            .iter()
+            .map(|i| (named[*i].1.clone(), named[*i].2.clone()))
+            .collect();
+        let (plans, moved) = self.plans_fetched(&wanted, &[pattern], deadline)?;
+        // A ref that moved since it was listed was read at its new commit:
+        // not kept under the old one.
+        let moved: std::collections::HashSet<usize> = moved.iter().map(|k| unread[*k]).collect();
+        let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut next = 0;
+        let mut hand = |i: usize, found: Found| -> Result<()> {
+            let (key, r, oid) = &named[i];
+            let seen = match found {
+                Found::State(body) => {
+                    let seen = self.interpret_state(oid, &body);
+                    if memo::memo_worthy(&body) && !moved.contains(&i) {
+                        kept.push((oid.clone(), body));
+                    }
+                    seen
+                }
+                other => self.interpret(oid, other).ok_or_else(|| {
+                    self.unavailable(&format!("the objects of {r} ({oid}) are not in the cache"))
+                })?,
             };
             if seen.current == Current::Free {
-                continue;
+                return Ok(());
             }
-            let Some(key) = key.or_else(|| recorded_key(&seen.current, &r[prefix.len()..])) else {
-                continue; // a digest stem whose record does not name it
+            let Some(key) = key
+                .clone()
+                .or_else(|| recorded_key(&seen.current, &r[prefix.len()..]))
+            else {
+                return Ok(()); // a digest stem whose record does not name it
             };
-            locks.push(Listed::new(key, r, seen.current));
+            visit(Listed::new(key, r.clone(), seen.current))
+        };
+        // The memo's, up to `upto`; then each one read, in its place.
+        let mut from_memo = |upto: usize, hand: &mut dyn FnMut(usize, Found) -> Result<()>| {
+            while next < upto {
+                if let Some(body) = memo.get(&named[next].2) {
+                    hand(next, Found::State(body.clone()))?;
+                }
+                next += 1;
+            }
+            Ok::<(), Error>(())
+        };
+        self.finish(plans, &mut |k, found| {
+            from_memo(unread[k], &mut hand)?;
+            hand(unread[k], found)?;
+            from_memo(unread[k] + 1, &mut hand)
+        })?;
+        from_memo(named.len(), &mut hand)?;
+        if fresh || memo.len() != kept.len() {
+            self.save_list_memo(&prefix, &kept);
         }
-        crate::store::visit_in_order(locks, visit)?;
         Ok(0)
     }
 
@@ -342,22 +419,21 @@ impl Store for GitStore {
             .filter(|(r, _)| r.starts_with(&lock_prefix) || r.starts_with(&arch_prefix))
             .map(|(r, o)| (r.clone(), o.clone()))
             .collect();
-        self.fetch_missing(wanted, deadline)?;
+        self.plans_fetched(&wanted, &patterns, deadline)?;
         let mut all = Vec::new();
         for (_, (mut archived, tip)) in chains {
             // Oldest chain first: by the epoch in each archived tip's state.
-            let bodies =
-                self.read_states(&archived.iter().map(String::as_str).collect::<Vec<_>>())?;
-            let epochs: HashMap<String, u64> = archived
-                .iter()
-                .zip(bodies)
-                .map(|(o, b)| {
-                    let e = b
-                        .and_then(|b| serde_json::from_slice::<StateFile>(&b).ok())
-                        .map_or(0, |s| s.epoch);
-                    (o.clone(), e)
-                })
-                .collect();
+            let mut epochs: HashMap<String, u64> = HashMap::new();
+            self.read_found(&archived, &mut |i, found| {
+                let e = match found {
+                    objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
+                        .ok()
+                        .map_or(0, |s| s.epoch),
+                    _ => 0,
+                };
+                epochs.insert(archived[i].clone(), e);
+                Ok(())
+            })?;
             archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
             let mut events = Vec::new();
             for oid in tip.iter().chain(archived.iter().rev()) {
@@ -388,41 +464,12 @@ enum Step<T> {
 }
 
 impl GitStore {
-    /// The state this host last wrote to `r`, when it is still in the cache.
-    fn remembered(&self, r: &str) -> Result<Option<RefState>> {
-        let Some(oid) = std::fs::read_to_string(self.tip_file(r))
-            .ok()
-            .map(|t| t.trim().to_owned())
-            .filter(|t| t.len() >= 40 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-        else {
-            return Ok(None);
-        };
-        let Some(body) = self.read_states(&[oid.as_str()])?.pop().flatten() else {
-            return Ok(None);
-        };
-        let seen = self.interpret(&oid, Some(body))?;
-        Ok(seen.filter(|s| matches!(s.current, Current::Free | Current::Held(_))))
-    }
-
-    fn tip_file(&self, r: &str) -> PathBuf {
-        let h = crate::record::hash_token(&format!("{}\n{r}", self.config.remote));
-        self.config.cache.join("skill-lock-tips").join(&h[..32])
-    }
-
-    /// Remembers (or forgets) the commit this host last pushed to `r`.
-    /// Best effort: a lost note only costs the read it would have saved.
-    fn remember(&self, r: &str, oid: Option<&str>) {
-        let file = self.tip_file(r);
-        let Some(oid) = oid else {
-            let _ = std::fs::remove_file(&file);
-            return;
-        };
-        let Some(dir) = file.parent() else { return };
-        let _ = std::fs::create_dir_all(dir);
-        let tmp = dir.join(format!(".{}", random_suffix()));
-        if std::fs::write(&tmp, oid).is_ok() && std::fs::rename(&tmp, &file).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
+    /// The state this host last wrote to `r` (or read of it), to decide on
+    /// without a read.
+    fn remembered(&self, r: &str) -> Option<RefState> {
+        let (oid, body) = self.memo(r)?;
+        let seen = self.interpret_state(&oid, &body);
+        matches!(seen.current, Current::Free | Current::Held(_)).then_some(seen)
     }
 
     /// Decides on `seen` and pushes the change with `seen` as the lease.
@@ -451,7 +498,8 @@ impl GitStore {
         };
         let (state, parent, archive) = self.roll(key, seen, next.state);
         let msg = message(key, next.what, state.fence, &next.events)?;
-        let commit = self.make_commit(&state, parent, &msg)?;
+        let body = serde_json::to_vec(&state).map_err(|e| Error::Internal(e.to_string()))?;
+        let commit = self.make_commit(&body, parent, &msg)?;
         let archive = archive.as_ref().map(|(old, a)| (old.as_str(), a.as_str()));
         let written = next
             .written
@@ -459,7 +507,7 @@ impl GitStore {
         let value = decision.value;
         match self.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
             Pushed::Done => {
-                self.remember(r, Some(&commit));
+                self.remember(r, Some((&commit, &body)));
                 Ok(Step::Done(Committed { value, written }))
             }
             Pushed::Lost => {
@@ -474,6 +522,7 @@ impl GitStore {
             Pushed::Unknown(why) => Ok(Step::Unknown(
                 Pending {
                     commit,
+                    body,
                     value,
                     written,
                 },
@@ -597,7 +646,8 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
 fn held_state(rec: &OwnerRecord, fence: u64, depth: u64, epoch: u64) -> Result<StateFile> {
     let mut rec = rec.clone();
     rec.holder.fence = fence;
-    let value = serde_json::to_value(&rec).map_err(|e| Error::Internal(e.to_string()))?;
+    let value =
+        serde_json::value::to_raw_value(&rec).map_err(|e| Error::Internal(e.to_string()))?;
     Ok(StateFile {
         format: STATE_FORMAT,
         state: "held".into(),
@@ -609,16 +659,68 @@ fn held_state(rec: &OwnerRecord, fence: u64, depth: u64, epoch: u64) -> Result<S
 }
 
 impl GitStore {
-    fn fetch_missing(&self, refs: Vec<(String, String)>, deadline: Instant) -> Result<()> {
-        let mut missing = Vec::new();
-        for (r, oid) in refs {
-            if !self.is_commit(&oid)? {
-                missing.push((r, oid));
+    /// What to read of each commit of `refs` (ref, commit as listed), after
+    /// one fetch of those the cache lacks: by name when they are few, else
+    /// by `patterns` (each git process's work grows with the refs, their
+    /// number never does). A ref that moved since it was listed is read
+    /// where the fetch found it: its index is in the second list.
+    fn plans_fetched(
+        &self,
+        refs: &[(String, String)],
+        patterns: &[String],
+        deadline: Instant,
+    ) -> Result<(Vec<Plan>, Vec<usize>)> {
+        let oids: Vec<String> = refs.iter().map(|(_, o)| o.clone()).collect();
+        let mut plans = self.probe(&oids)?;
+        let missing: Vec<usize> = (0..plans.len()).filter(|i| plans[*i].missing()).collect();
+        if missing.is_empty() {
+            return Ok((plans, Vec::new()));
+        }
+        let names: Vec<String> = if missing.len() <= FETCH_BY_NAME {
+            missing.iter().map(|i| refs[*i].0.clone()).collect()
+        } else {
+            patterns.to_vec()
+        };
+        let mut failed = self.fetch(&names, deadline)?;
+        if failed.is_some() && names != patterns {
+            // One ref gone since it was listed fails a fetch by names whole.
+            failed = self.fetch(patterns, deadline)?;
+        }
+        let mut left = missing;
+        let mut moved_ones = Vec::new();
+        for moved in [false, true] {
+            let names: Vec<String> = left
+                .iter()
+                .map(|i| {
+                    if moved {
+                        self.cache_ref(&refs[*i].0)
+                    } else {
+                        refs[*i].1.clone()
+                    }
+                })
+                .collect();
+            let again = self.probe(&names)?;
+            let mut still = Vec::new();
+            for (i, p) in left.into_iter().zip(again) {
+                if p.missing() {
+                    still.push(i);
+                } else if moved {
+                    moved_ones.push(i);
+                }
+                plans[i] = p;
+            }
+            left = still;
+            if left.is_empty() {
+                return Ok((plans, moved_ones));
             }
         }
-        // What did not arrive is read lock by lock, with its own error.
-        let _ = self.fetch(&missing, deadline)?;
-        Ok(())
+        let (r, oid) = &refs[left[0]];
+        Err(self.unavailable(&format!(
+            "the objects of {r} ({oid}) did not arrive{}",
+            failed
+                .map(|w| format!(": git fetch failed: {w}"))
+                .unwrap_or_default()
+        )))
     }
 
     /// The newest `limit` events in the chain ending at `tip`, oldest first.
@@ -632,30 +734,53 @@ impl GitStore {
             "--max-count={}",
             limit.min(usize::try_from(i32::MAX).unwrap_or(usize::MAX))
         );
-        let out = self.local(&["log", &n, "--format=%x1e%B", tip], None)?;
+        // Streamed, one commit message at a time; one larger than any
+        // change writes is skipped unread (SPEC §8: read bounded).
+        let mut commits: Vec<Vec<Event>> = Vec::new();
+        let mut cur: Vec<u8> = Vec::new();
+        let mut skip = false;
+        let max = usize::try_from(objects::MAX_OBJECT).unwrap_or(usize::MAX);
+        let mut end_commit = |cur: &mut Vec<u8>, skip: &mut bool| {
+            if !*skip && !cur.is_empty() {
+                commits.push(events_in(cur));
+            }
+            cur.clear();
+            *skip = false;
+        };
+        let out =
+            self.local_streaming(&["log", &n, "--format=%x1e%B", tip], None, &mut |chunk| {
+                for (i, piece) in chunk.split(|b| *b == 0x1e).enumerate() {
+                    if i > 0 {
+                        end_commit(&mut cur, &mut skip);
+                    }
+                    if cur.len() + piece.len() > max {
+                        skip = true;
+                        cur.clear();
+                    } else if !skip {
+                        cur.extend_from_slice(piece);
+                    }
+                }
+                cmd::Flow::More
+            })?;
+        end_commit(&mut cur, &mut skip);
         if !out.ok() {
             return Err(self.cache_error(&format!(
                 "git log of the lock history failed: {}",
                 out.stderr.trim()
             )));
         }
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut events = Vec::new();
         // Newest commit first; within a commit, events are in order.
-        for commit in text
-            .split('\u{1e}')
-            .filter(|c| !c.trim().is_empty())
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
-            for line in commit.lines().filter(|l| l.starts_with('{')) {
-                if let Ok(ev) = serde_json::from_str::<Event>(line) {
-                    events.push(ev);
-                }
-            }
-        }
+        let mut events: Vec<Event> = commits.into_iter().rev().flatten().collect();
         let skip = events.len().saturating_sub(limit);
         Ok(events.split_off(skip))
     }
+}
+
+/// The history events a commit message holds (one JSON object a line).
+fn events_in(message: &[u8]) -> Vec<Event> {
+    String::from_utf8_lossy(message)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str::<Event>(l).ok())
+        .collect()
 }

@@ -7,8 +7,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use super::cmd::{Flow, STDOUT_CAP, run_streaming};
 use super::*;
 use crate::error::{Error, Result};
+
+/// The most of `git ls-remote`'s answer read: 32 MiB, some 200,000 lock
+/// refs (a remote that lists more is refused, never read whole).
+const MAX_LS_REMOTE: usize = 32 << 20;
+/// Deadline of a local git command (in the cache).
+const LOCAL_TIMEOUT: Duration = Duration::from_secs(30);
 use crate::record::random_suffix;
 
 /// Is `s` an object id (SHA-1 or SHA-256, lowercase hex)?
@@ -84,7 +91,7 @@ impl GitStore {
         cmd.arg("--git-dir")
             .arg(&self.config.cache)
             .args(["config", "--get", "core.sshCommand"]);
-        matches!(run(&mut cmd, None, Instant::now() + Duration::from_secs(5)), Ok(Some(o)) if o.ok())
+        matches!(run(&mut cmd, None, Instant::now() + Duration::from_secs(5), STDOUT_CAP), Ok(Some(o)) if o.ok())
     }
 
     pub(super) fn ensure_cache(&self) -> Result<()> {
@@ -116,7 +123,7 @@ impl GitStore {
         let tmp = parent.join(format!(".git-init-{}", random_suffix()));
         let mut cmd = git_command();
         cmd.args(["init", "--bare", "-q", "--"]).arg(&tmp);
-        let ok = matches!(run(&mut cmd, None, Instant::now() + Duration::from_secs(10)), Ok(Some(o)) if o.ok());
+        let ok = matches!(run(&mut cmd, None, Instant::now() + Duration::from_secs(10), STDOUT_CAP), Ok(Some(o)) if o.ok());
         if !ok {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(self.cache_error("git init --bare failed; is git installed?"));
@@ -128,7 +135,12 @@ impl GitStore {
         ] {
             let mut c = git_command();
             c.arg("--git-dir").arg(&tmp).args(["config", k, v]);
-            let _ = run(&mut c, None, Instant::now() + Duration::from_secs(5));
+            let _ = run(
+                &mut c,
+                None,
+                Instant::now() + Duration::from_secs(5),
+                STDOUT_CAP,
+            );
         }
         // Another process may have made it first: theirs wins, ours goes.
         if let Err(e) = std::fs::rename(&tmp, dir) {
@@ -140,22 +152,62 @@ impl GitStore {
         Ok(())
     }
 
-    /// Runs a local git command in the cache.
+    /// Runs a local git command in the cache (its stdout bounded by [`STDOUT_CAP`]).
     pub(super) fn local(&self, args: &[&str], input: Option<&[u8]>) -> Result<Output> {
+        self.local_capped(args, input, STDOUT_CAP)
+    }
+
+    /// Runs a local git command in the cache, keeping at most `cap` bytes of
+    /// its stdout (more is an overflow: not `ok`).
+    pub(super) fn local_capped(
+        &self,
+        args: &[&str],
+        input: Option<&[u8]>,
+        cap: usize,
+    ) -> Result<Output> {
         let mut cmd = self.in_cache()?;
         cmd.args(args);
-        match run(&mut cmd, input, Instant::now() + Duration::from_secs(30)) {
+        let out = run(&mut cmd, input, Instant::now() + LOCAL_TIMEOUT, cap);
+        self.local_done(args, out)
+    }
+
+    /// Runs a local git command in the cache, its stdout handed to `sink`.
+    pub(super) fn local_streaming(
+        &self,
+        args: &[&str],
+        input: Option<&[u8]>,
+        sink: &mut dyn FnMut(&[u8]) -> Flow,
+    ) -> Result<Output> {
+        let mut cmd = self.in_cache()?;
+        cmd.args(args);
+        let out = run_streaming(&mut cmd, input, Instant::now() + LOCAL_TIMEOUT, sink);
+        self.local_done(args, out)
+    }
+
+    fn local_done(&self, args: &[&str], out: std::io::Result<Option<Output>>) -> Result<Output> {
+        match out {
             Ok(Some(o)) => Ok(o),
-            Ok(None) => Err(self.cache_error(&format!("git {} did not finish in 30 s", args[0]))),
+            Ok(None) => Err(self.cache_error(&format!(
+                "git {} did not finish in {} s",
+                args.first().copied().unwrap_or("?"),
+                LOCAL_TIMEOUT.as_secs()
+            ))),
             Err(e) => Err(self.cache_error(&format!("cannot run git: {e}"))),
         }
     }
 
-    /// Runs a network git command, killed at `deadline`.
-    pub(super) fn remote_cmd(&self, args: &[&str], deadline: Instant) -> Result<Option<Output>> {
+    /// Runs a network git command, killed at `deadline`, keeping at most
+    /// `cap` bytes of its stdout.
+    pub(super) fn remote_cmd(
+        &self,
+        args: &[&str],
+        deadline: Instant,
+        cap: usize,
+    ) -> Result<Option<Output>> {
         let mut cmd = self.in_cache()?;
         cmd.args(args);
-        run(&mut cmd, None, deadline).map_err(|e| self.cache_error(&format!("cannot run git: {e}")))
+        run(&mut cmd, None, deadline, cap)
+            .map_err(|e| self.cache_error(&format!("cannot run git: {e}")))
     }
 
     /// `git ls-remote` of `patterns`: ref -> oid, for refs starting with `prefix`.
@@ -169,9 +221,15 @@ impl GitStore {
         args.extend(patterns.iter().map(String::as_str));
         let mut pause = Duration::from_millis(20);
         let out = loop {
-            let Some(out) = self.remote_cmd(&args, deadline)? else {
+            let Some(out) = self.remote_cmd(&args, deadline, MAX_LS_REMOTE)? else {
                 return Err(self.unavailable("no answer in time"));
             };
+            if out.overflow {
+                return Err(self.unavailable(&format!(
+                    "the remote lists more than {} MiB of refs under {prefix}; a lock store holds far fewer",
+                    MAX_LS_REMOTE >> 20
+                )));
+            }
             if out.ok() {
                 break out;
             }
@@ -199,20 +257,17 @@ impl GitStore {
         Ok(refs)
     }
 
-    /// Fetches `refs` into the cache. `Some(why)`: git failed (the caller
-    /// checks whether the objects it needs arrived anyway: concurrent fetches
-    /// may only fail to update the cache ref).
-    pub(super) fn fetch(
-        &self,
-        wanted: &[(String, String)],
-        deadline: Instant,
-    ) -> Result<Option<String>> {
-        if wanted.is_empty() {
+    /// Fetches `refs` (names, or one `PREFIX*` pattern) into the cache, in
+    /// one git process. `Some(why)`: git failed (the caller checks whether
+    /// the objects it needs arrived anyway: concurrent fetches may only
+    /// fail to update the cache ref).
+    pub(super) fn fetch(&self, refs: &[String], deadline: Instant) -> Result<Option<String>> {
+        if refs.is_empty() {
             return Ok(None);
         }
-        let specs: Vec<String> = wanted
+        let specs: Vec<String> = refs
             .iter()
-            .map(|(r, _)| format!("+{r}:{}", self.cache_ref(r)))
+            .map(|r| format!("+{r}:{}", self.cache_ref(r)))
             .collect();
         let mut args = vec![
             "fetch",
@@ -225,10 +280,66 @@ impl GitStore {
             REMOTE_NAME,
         ];
         args.extend(specs.iter().map(String::as_str));
-        match self.remote_cmd(&args, deadline)? {
+        match self.remote_cmd(&args, deadline, STDOUT_CAP)? {
             None => Err(self.unavailable("no answer in time")),
             Some(out) if out.ok() => Ok(None),
             Some(out) => Ok(Some(out.stderr.trim().to_owned())),
+        }
+    }
+
+    /// Fetches lock ref `r` into the cache and says what it pointed at, in
+    /// one git process and one connection (`fetch --porcelain -v`, which
+    /// prints the remote's value even when the cache has it). `Ok(None)`:
+    /// no such ref. `Err(None)`: this git's fetch has no `--porcelain`.
+    pub(super) fn fetch_tip(
+        &self,
+        r: &str,
+        deadline: Instant,
+    ) -> std::result::Result<Option<String>, Option<Error>> {
+        let dst = self.cache_ref(r);
+        let spec = format!("+{r}:{dst}");
+        let args = [
+            "fetch",
+            "--porcelain",
+            "-v",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "--",
+            REMOTE_NAME,
+            spec.as_str(),
+        ];
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let Some(out) = self.remote_cmd(&args, deadline, STDOUT_CAP)? else {
+                return Err(Some(self.unavailable("no answer in time")));
+            };
+            // `FLAG OLD NEW LOCAL-REF`; NEW is the remote's value (also
+            // when the cache ref could not be updated: the objects are here).
+            let text = String::from_utf8_lossy(&out.stdout);
+            // (FLAG is one character, a space for a fast-forward.)
+            let tip = text.lines().find_map(|l| {
+                let mut p = l.rsplitn(4, ' ');
+                let (local, new) = (p.next()?, p.next()?);
+                (local == dst && is_oid(new)).then(|| new.to_owned())
+            });
+            if tip.is_some() {
+                return Ok(tip);
+            }
+            let why = out.stderr.trim().to_owned();
+            if why.contains("couldn't find remote ref") {
+                return Ok(None);
+            }
+            if why.contains("porcelain") {
+                return Err(None);
+            }
+            let wait = jitter(pause);
+            if !transient(&why) || Instant::now() + wait >= deadline {
+                return Err(Some(self.unavailable(&format!("git fetch failed: {why}"))));
+            }
+            std::thread::sleep(wait);
+            pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
 
@@ -259,7 +370,7 @@ impl GitStore {
         } else {
             args.extend(["--", REMOTE_NAME, main.as_str()]);
         }
-        let Some(out) = self.remote_cmd(&args, deadline)? else {
+        let Some(out) = self.remote_cmd(&args, deadline, STDOUT_CAP)? else {
             return Ok(Pushed::Unknown("the push did not finish in time".into()));
         };
         if let Some((old, aref)) = archive
@@ -273,6 +384,7 @@ impl GitStore {
                 let _ = self.remote_cmd(
                     &["push", "--quiet", "--no-verify", "--", REMOTE_NAME, &spec],
                     deadline,
+                    STDOUT_CAP,
                 );
             }
             return Ok(pushed);

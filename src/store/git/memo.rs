@@ -1,0 +1,145 @@
+//! What this host remembers of the remote, to read less of it: the state
+//! it last wrote to (or read of) each lock ref, and the state files of the
+//! commits `list` last read. Both live in the cache (`skill-lock-tips/`),
+//! are written whole (a temporary file renamed into place) and read bounded,
+//! from regular files only; a lost or damaged one only costs the reads it
+//! would have saved. A commit's state file never changes (an object id
+//! names its content), so a remembered one is as good as one read from git.
+
+#![allow(clippy::wildcard_imports)]
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use super::objects::MAX_STATE;
+use super::remote::is_oid;
+use super::*;
+
+/// State files `list` keeps for the next one: each at most this big...
+const LIST_MEMO_ENTRY: usize = 4096;
+/// ...and all of them at most this much.
+const LIST_MEMO_MAX: usize = 32 << 20;
+const LIST_MEMO_HEADER: &[u8] = b"skill-lock list memo 1\n";
+
+/// Reads at most `max` bytes of a regular file (`None`: absent, not a
+/// regular file, or larger).
+fn read_bounded(file: &Path, max: usize) -> Option<Vec<u8>> {
+    let meta = std::fs::symlink_metadata(file).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .ok()?
+        .take(max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    (bytes.len() <= max).then_some(bytes)
+}
+
+/// Writes `bytes` to `file` whole, or not at all (best effort).
+fn write_whole(file: &Path, bytes: &[u8]) {
+    let Some(dir) = file.parent() else { return };
+    let _ = std::fs::create_dir_all(dir);
+    let tmp = dir.join(format!(".{}", crate::record::random_suffix()));
+    if std::fs::write(&tmp, bytes).is_err() || std::fs::rename(&tmp, file).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+impl GitStore {
+    fn tip_file(&self, r: &str) -> PathBuf {
+        let h = crate::record::hash_token(&format!("{}\n{r}", self.config.remote));
+        self.config.cache.join("skill-lock-tips").join(&h[..32])
+    }
+
+    /// The commit this host last wrote to `r` or read there, and its state
+    /// file: a line with the object id, then the state.
+    pub(super) fn memo(&self, r: &str) -> Option<(String, Vec<u8>)> {
+        let bytes = read_bounded(&self.tip_file(r), MAX_STATE + 128)?;
+        let nl = bytes.iter().position(|b| *b == b'\n')?;
+        let oid = std::str::from_utf8(&bytes[..nl]).ok()?;
+        if !is_oid(oid) {
+            return None;
+        }
+        Some((oid.to_owned(), bytes[nl + 1..].to_vec()))
+    }
+
+    /// Remembers (or forgets) the commit this host last pushed to `r`, or
+    /// read there, with its state file. Best effort: a lost note only costs
+    /// the read it would have saved.
+    pub(super) fn remember(&self, r: &str, tip: Option<(&str, &[u8])>) {
+        let file = self.tip_file(r);
+        let Some((oid, body)) = tip else {
+            let _ = std::fs::remove_file(&file);
+            return;
+        };
+        let mut bytes = Vec::with_capacity(oid.len() + 1 + body.len());
+        bytes.extend_from_slice(oid.as_bytes());
+        bytes.push(b'\n');
+        bytes.extend_from_slice(body);
+        write_whole(&file, &bytes);
+    }
+
+    fn list_memo_file(&self, prefix: &str) -> PathBuf {
+        let h = crate::record::hash_token(&format!("{}\n{prefix}", self.config.remote));
+        self.config
+            .cache
+            .join("skill-lock-tips")
+            .join(format!("list-{}", &h[..32]))
+    }
+
+    /// The state files of the commits the last `list` of `prefix` read, by
+    /// commit (empty when there is no such memo, or it is damaged).
+    pub(super) fn list_memo(&self, prefix: &str) -> HashMap<String, Vec<u8>> {
+        let mut memo = HashMap::new();
+        let Some(bytes) = read_bounded(&self.list_memo_file(prefix), LIST_MEMO_MAX + (1 << 20))
+        else {
+            return memo;
+        };
+        let Some(mut rest) = bytes.strip_prefix(LIST_MEMO_HEADER) else {
+            return memo;
+        };
+        // Entries: `OID LEN\n`, then LEN bytes and a newline.
+        while !rest.is_empty() {
+            let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
+                return HashMap::new();
+            };
+            let head = String::from_utf8_lossy(&rest[..nl]).into_owned();
+            let Some((oid, len)) = head.split_once(' ') else {
+                return HashMap::new();
+            };
+            let len: usize = len.parse().unwrap_or(usize::MAX);
+            let body = rest.get(nl + 1..).unwrap_or_default();
+            if !is_oid(oid) || len > LIST_MEMO_ENTRY || body.len() <= len || body[len] != b'\n' {
+                return HashMap::new();
+            }
+            memo.insert(oid.to_owned(), body[..len].to_vec());
+            rest = &body[len + 1..];
+        }
+        memo
+    }
+
+    /// Keeps `entries` (commit, state file) for the next `list` of `prefix`:
+    /// those small enough, up to the memo's bound.
+    pub(super) fn save_list_memo(&self, prefix: &str, entries: &[(String, Vec<u8>)]) {
+        let mut bytes = LIST_MEMO_HEADER.to_vec();
+        for (oid, body) in entries {
+            if body.len() > LIST_MEMO_ENTRY || !is_oid(oid) {
+                continue;
+            }
+            if bytes.len() + body.len() + 100 > LIST_MEMO_MAX {
+                break;
+            }
+            bytes.extend_from_slice(format!("{oid} {}\n", body.len()).as_bytes());
+            bytes.extend_from_slice(body);
+            bytes.push(b'\n');
+        }
+        write_whole(&self.list_memo_file(prefix), &bytes);
+    }
+}
+
+/// Is this state file small enough for the list memo?
+pub(super) fn memo_worthy(body: &[u8]) -> bool {
+    body.len() <= LIST_MEMO_ENTRY
+}

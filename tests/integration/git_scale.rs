@@ -1,0 +1,346 @@
+//! The git store at scale and against a hostile remote (SPEC §8, issue 29):
+//! whatever a remote serves is read bounded (a lock record that unpacks to
+//! 200 MB costs a few MB, in skill-lock and in every git it starts), and
+//! `list` reads every lock in the same number of git processes for 10 refs
+//! as for 5,000 (counted by a `git` wrapper first on PATH).
+//!
+//! Covers: SPEC §8.
+
+use crate::common;
+
+use common::gitd::bare_repo;
+use common::verbs::{Reply, reply};
+use common::{Cmd, Out, TestEnv};
+use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Peak resident set size allowed to one `status`, `list` or `acquire`
+/// (and to each git it starts): 100 MB.
+const PEAK_KIB: i64 = 100 * 1024;
+
+/// `git ARGS` in `dir`, fed `input`; its stdout.
+fn git_in(dir: &Path, args: &[&str], input: Option<&[u8]>) -> String {
+    let mut child = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(bytes) = input {
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Runs `cmd` to its end and measures it as `time -v` does: the largest
+/// resident set of the process and of every descendant it waited for (each
+/// git it started, and theirs), in KiB (`wait4`'s `ru_maxrss`).
+// The child is reaped by wait4, which the lint does not know.
+#[allow(clippy::zombie_processes)]
+fn run_measured(cmd: Cmd) -> (Out, i64) {
+    let mut child = cmd
+        .command()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let errs = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        err.read_to_end(&mut v).unwrap();
+        v
+    });
+    let mut stdout = Vec::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter; the pid is our child's.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: waits for our own child, writing into locals.
+    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    let out = std::process::Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout,
+        stderr: errs.join().unwrap(),
+    };
+    (Out::from(out), usage.ru_maxrss)
+}
+
+/// A bare remote whose lock ref `s@o__r` points at a commit holding a
+/// `lock.json` of `size` bytes (a held state whose note never ends), packed
+/// as a server keeps it: a few hundred KB that unpack to `size`.
+fn hostile_remote(env: &TestEnv, size: usize) -> PathBuf {
+    let dir = bare_repo(&env.path("hostile.git"));
+    let mut child = Command::new("git")
+        .args(["hash-object", "-w", "--stdin"])
+        .current_dir(&dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let head = br#"{"format":1,"state":"held","fence":7,"depth":1,"record":{"skill":"s","repo":"o/r","note":""#;
+    stdin.write_all(head).unwrap();
+    let chunk = vec![b'a'; 1 << 20];
+    let mut left = size - head.len() - 4;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        stdin.write_all(&chunk[..n]).unwrap();
+        left -= n;
+    }
+    stdin.write_all(b"\"}}\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let blob = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let tree = git_in(
+        &dir,
+        &["mktree"],
+        Some(format!("100644 blob {blob}\tlock.json\n").as_bytes()),
+    );
+    let commit = git_in(
+        &dir,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit-tree",
+            &tree,
+            "-m",
+            "hostile",
+        ],
+        None,
+    );
+    git_in(
+        &dir,
+        &["update-ref", "refs/skill-lock/s@o__r", &commit],
+        None,
+    );
+    git_in(&dir, &["repack", "-a", "-d", "-q"], None);
+    git_in(&dir, &["prune"], None);
+    dir
+}
+
+#[test]
+fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let dir = hostile_remote(&env, 200 << 20);
+    let packed: u64 = std::fs::read_dir(dir.join("objects/pack"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(packed < 2 << 20, "the remote packs to {packed} bytes");
+    let url = format!("git:file://{}", dir.display());
+    // Each command on a machine of its own (an empty cache: it fetches),
+    // and each again on a cache that holds the objects.
+    for (i, verb) in ["status", "list", "acquire"].into_iter().enumerate() {
+        for warm in [false, true] {
+            let cmd = Cmd::new(&cwd)
+                .env("SKILL_LOCK_STORE", &url)
+                .env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache{i}")));
+            let cmd = if verb == "list" {
+                cmd.arg("list")
+            } else {
+                cmd.args([verb, "s", "--repo", "o/r"])
+            };
+            let start = Instant::now();
+            let (out, peak) = run_measured(cmd);
+            let took = start.elapsed();
+            let what = format!("{verb} (warm cache: {warm}): {}", out.stdout);
+            println!("{verb} (warm cache: {warm}): peak RSS {peak} KiB in {took:?}");
+            assert!(
+                peak < PEAK_KIB,
+                "{what}: peak RSS {peak} KiB (a process read the record whole)"
+            );
+            assert!(took < Duration::from_secs(10), "{what}: took {took:?}");
+            match reply(&out) {
+                Reply::Status {
+                    state,
+                    stale_reason,
+                    ..
+                } => {
+                    assert_eq!(verb, "status", "{what}");
+                    assert_eq!(
+                        (state.as_str(), stale_reason.as_deref()),
+                        ("stale", Some("corrupt")),
+                        "{what}"
+                    );
+                }
+                Reply::List { locks, .. } => {
+                    assert_eq!(verb, "list", "{what}");
+                    assert_eq!(locks.len(), 1, "{what}");
+                    assert_eq!(locks[0].state, "stale", "{what}");
+                    assert_eq!(locks[0].stale_reason.as_deref(), Some("corrupt"));
+                }
+                // No fence can be read under it: an operator must remove the
+                // ref, and the error names it.
+                Reply::Error { error, message, .. } => {
+                    assert_eq!(verb, "acquire", "{what}");
+                    assert_eq!(error, "io", "{what}");
+                    assert!(message.contains("refs/skill-lock/s@o__r"), "{what}");
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// A `git` first on PATH that counts its invocations (one line each in
+/// `counter`) and runs the real one.
+fn counting_git(env: &TestEnv) -> (PathBuf, String) {
+    let real = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let bin = env.dir("wrapper");
+    let counter = env.path("git-calls");
+    let script = format!(
+        "#!/bin/sh\necho \"$1 $2 $3 $4 $5 $6 $7 $8\" >> '{}'\nexec '{}' \"$@\"\n",
+        counter.display(),
+        real.trim()
+    );
+    std::fs::write(bin.join("git"), script).unwrap();
+    Command::new("chmod")
+        .arg("755")
+        .arg(bin.join("git"))
+        .status()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    (counter, path)
+}
+
+/// A remote holding `n` held locks `s0@o__r` ... : one real acquire, then
+/// `n` copies of its state (each naming its own skill) made by one
+/// `git fast-import`, their refs written as a server packs them.
+fn remote_with_locks(env: &TestEnv, name: &str, n: usize) -> String {
+    let dir = bare_repo(&env.path(name));
+    let url = format!("git:file://{}", dir.display());
+    let cwd = env.dir("w");
+    let seed = Cmd::new(&cwd)
+        .env("SKILL_LOCK_STORE", &url)
+        .env("SKILL_LOCK_GIT_CACHE", env.path("seed-cache"))
+        .args(["acquire", "s0", "--repo", "o/r", "--ttl", "3600"])
+        .run();
+    assert!(matches!(reply(&seed), Reply::Acquired { .. }));
+    let state = git_in(
+        &dir,
+        &["cat-file", "blob", "refs/skill-lock/s0@o__r:lock.json"],
+        None,
+    );
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let mut stream = Vec::new();
+    for i in 0..n {
+        let mut s = state.clone();
+        s["record"]["skill"] = format!("s{i}").into();
+        let body = serde_json::to_vec(&s).unwrap();
+        let msg = format!("skill-lock: acquired s{i}@o__r (fence 1)\n");
+        write!(
+            stream,
+            "reset refs/scratch\ncommit refs/scratch\nmark :{}\ncommitter t <t@t> 1700000000 +0000\ndata {}\n{msg}M 100644 inline lock.json\ndata {}\n",
+            i + 1,
+            msg.len(),
+            body.len()
+        )
+        .unwrap();
+        stream.extend_from_slice(&body);
+        stream.push(b'\n');
+    }
+    let marks = env.path(&format!("{name}.marks"));
+    let arg = format!("--export-marks={}", marks.display());
+    git_in(&dir, &["fast-import", "--quiet", &arg], Some(&stream));
+    let mut refs: Vec<(String, String)> = std::fs::read_to_string(&marks)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (mark, oid) = l.split_once(' ').unwrap();
+            let i: usize = mark.trim_start_matches(':').parse().unwrap();
+            (format!("refs/skill-lock/s{}@o__r", i - 1), oid.to_owned())
+        })
+        .collect();
+    refs.sort();
+    let mut packed = String::from("# pack-refs with: peeled fully-peeled sorted \n");
+    for (r, oid) in &refs {
+        packed.push_str(&format!("{oid} {r}\n"));
+    }
+    std::fs::write(dir.join("packed-refs"), packed).unwrap();
+    for r in ["refs/scratch", "refs/skill-lock/s0@o__r"] {
+        let _ = std::fs::remove_file(dir.join(r));
+    }
+    url
+}
+
+#[test]
+fn list_reads_10_and_5000_locks_in_the_same_number_of_git_processes() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let (counter, path) = counting_git(&env);
+    let mut counts = Vec::new();
+    for (n, name) in [(10, "ten.git"), (5000, "many.git")] {
+        let url = remote_with_locks(&env, name, n);
+        // A cold cache (everything fetched), then a warm one.
+        for run in 0..2 {
+            let _ = std::fs::remove_file(&counter);
+            let start = Instant::now();
+            let out = Cmd::new(&cwd)
+                .env("PATH", &path)
+                .env("SKILL_LOCK_STORE", &url)
+                .env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache-{name}")))
+                .arg("list")
+                .run();
+            let took = start.elapsed();
+            let calls = std::fs::read_to_string(&counter).unwrap_or_default();
+            let Reply::List { locks, .. } = reply(&out) else {
+                panic!("{n} locks: {}", out.stdout);
+            };
+            assert_eq!(locks.len(), n, "{n} locks, run {run}");
+            assert!(locks.iter().all(|l| l.state == "held"), "{n} locks");
+            assert!(
+                took < Duration::from_secs(10),
+                "{n} locks, run {run}: took {took:?}"
+            );
+            println!(
+                "list of {n} locks, run {run}: {} git processes in {took:?}",
+                calls.lines().count()
+            );
+            counts.push((n, run, calls.lines().count(), calls));
+        }
+    }
+    for run in 0..2 {
+        let (few, many) = (&counts[run], &counts[2 + run]);
+        assert_eq!(
+            few.2, many.2,
+            "git processes of list, run {run}: 10 locks:\n{}\n5000 locks:\n{}",
+            few.3, many.3
+        );
+    }
+}
