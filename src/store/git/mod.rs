@@ -174,6 +174,31 @@ fn is_lock_stem(name: &str) -> bool {
     LockKey::from_name(name).is_some_and(|k| k.ref_stem() == name) || is_digest_stem(name)
 }
 
+/// The lock refs of `list`, each with its key (a digest stem's key is
+/// known only once its record is read), in `list`'s order; a digest stem
+/// (a name too long for a ref) sorts by its readable prefix.
+fn named_in_order(
+    refs: HashMap<String, String>,
+    prefix: &str,
+) -> Vec<(Option<LockKey>, String, String)> {
+    let mut named: Vec<(Option<LockKey>, String, String)> = refs
+        .into_iter()
+        .filter_map(|(r, oid)| {
+            let name = r.strip_prefix(prefix)?;
+            let key = LockKey::from_name(name).filter(|k| k.ref_stem() == name);
+            (key.is_some() || is_digest_stem(name)).then_some((key, r, oid))
+        })
+        .collect();
+    named.sort_by_cached_key(|(k, r, _)| {
+        let order = k.as_ref().map_or_else(
+            || (r[prefix.len()..].to_owned(), String::new()),
+            crate::store::list_order,
+        );
+        (order, r.clone())
+    });
+    named
+}
+
 /// The key a digest stem `stem` stands for, read from the lock's record
 /// and believed only when it maps to that stem (lowercase, as a key
 /// parsed from a name is).
@@ -303,24 +328,7 @@ impl Store for GitStore {
         let prefix = self.ns_prefix(REF_PREFIX);
         let pattern = format!("{prefix}*");
         let refs = self.ls_remote(std::slice::from_ref(&pattern), &prefix, deadline)?;
-        // A digest stem's key is known once its record is read.
-        let mut named: Vec<(Option<LockKey>, String, String)> = refs
-            .into_iter()
-            .filter_map(|(r, oid)| {
-                let name = r.strip_prefix(&prefix)?;
-                let key = LockKey::from_name(name).filter(|k| k.ref_stem() == name);
-                (key.is_some() || is_digest_stem(name)).then_some((key, r, oid))
-            })
-            .collect();
-        // A digest stem (a name too long for a ref) sorts by its readable
-        // prefix: `list`'s order holds for every other lock.
-        named.sort_by_cached_key(|(k, r, _)| {
-            let order = k.as_ref().map_or_else(
-                || (r[prefix.len()..].to_owned(), String::new()),
-                crate::store::list_order,
-            );
-            (order, r.clone())
-        });
+        let named = named_in_order(refs, &prefix);
         let memo = self.list_memo(&prefix);
         let fresh = !named.iter().all(|(_, _, o)| memo.contains_key(o));
         // Those the memo lacks: read from the cache, after one fetch.
