@@ -18,8 +18,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Peak resident set size allowed to one `status`, `list` or `acquire`
-/// (and to each git it starts): 100 MB.
-const PEAK_KIB: i64 = 100 * 1024;
+/// (and to each git it starts): 150 MB, well under the 200 MB record, which
+/// a process that read it whole would hold (measured: 12-49 MB alone,
+/// up to 103 MB with the whole suite running beside it).
+const PEAK_KIB: i64 = 150 * 1024;
 
 /// `git ARGS` in `dir`, fed `input`; its stdout.
 fn git_in(dir: &Path, args: &[&str], input: Option<&[u8]>) -> String {

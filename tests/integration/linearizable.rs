@@ -348,7 +348,7 @@ fn is_change(op: &Op) -> bool {
 }
 
 /// Seconds the checker may search one lock's history.
-const LOCK_BOUND_SECS: u64 = 30;
+const LOCK_BOUND_SECS: u64 = 120;
 
 /// Checks every lock's history on its own.
 pub fn verdict(calls: &[Call]) -> Verdict {
