@@ -212,14 +212,7 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
 /// A `git` first on PATH that counts its invocations (one line each in
 /// `counter`) and runs the real one.
 fn counting_git(env: &TestEnv) -> (PathBuf, String) {
-    let real = String::from_utf8(
-        Command::new("sh")
-            .args(["-c", "command -v git"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let real = crate::common::real_git();
     let bin = env.dir("wrapper");
     let counter = env.path("git-calls");
     let script = format!(

@@ -434,3 +434,16 @@ pub fn gone(pid: i32) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The path of the real `git` on PATH (as `command -v git` prints it, with
+/// its newline), for a wrapper that logs or counts calls and then runs it.
+pub fn real_git() -> String {
+    String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+}

@@ -362,14 +362,7 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
     // A `git` first on PATH that logs its arguments, then runs the real one.
     let bin = w.env.dir("bin");
     let log = w.env.root.join("argv.log");
-    let real = String::from_utf8(
-        Command::new("sh")
-            .args(["-c", "command -v git"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let real = crate::common::real_git();
     std::fs::write(
         bin.join("git"),
         format!(
