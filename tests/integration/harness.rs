@@ -11,6 +11,9 @@ pub use serde_json::Value;
 
 pub mod gitd;
 pub mod http2;
+/// Every store a conformance test runs on, and the macro that runs it there.
+#[macro_use]
+pub mod stores;
 
 /// Path of the binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
@@ -186,6 +189,21 @@ impl Out {
         );
         verbs::reply_of(self, &self.json);
         &self.json
+    }
+
+    /// Asserts the exit status and the `result`, and returns the typed reply.
+    #[track_caller]
+    pub fn expect_reply(&self, code: i32, result: &str) -> verbs::Reply {
+        self.expect(code, result);
+        verbs::reply(self)
+    }
+
+    /// Asserts an error object with this code and exit status 2, and
+    /// returns its message.
+    #[track_caller]
+    pub fn error_message(&self, code: &str) -> String {
+        self.expect_error(code);
+        verbs::reply(self).message().to_owned()
     }
 
     /// The typed reply on stdout (the default way to read a result).

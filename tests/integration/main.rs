@@ -14,6 +14,7 @@
     clippy::print_stdout
 )]
 
+#[macro_use]
 mod harness;
 /// The old name of the harness, kept for tests written against `common::`.
 use harness as common;

@@ -26,10 +26,15 @@ pub struct Holder {
     pub repo: String,
     pub started: String,
     pub expires: String,
+    /// `renewed`, `note` and `owner_pid` are always on the wire (SPEC §4),
+    /// `null` when unset.
+    #[serde(deserialize_with = "nullable")]
     pub renewed: Option<String>,
     pub ttl: u64,
+    #[serde(deserialize_with = "nullable")]
     pub note: Option<String>,
     pub host: String,
+    #[serde(deserialize_with = "nullable")]
     pub owner_pid: Option<u32>,
     pub fence: u64,
     pub boot_id: Option<String>,
@@ -302,6 +307,320 @@ impl Reply {
     }
 }
 
+/// An accessor of a field that several replies carry, of one type in all:
+/// panics, naming the reply, on one without it.
+macro_rules! field {
+    ($(#[$doc:meta])* $name:ident -> $ty:ty = |$v:ident| $get:expr; $($variant:ident)|+) => {
+        $(#[$doc])*
+        #[track_caller]
+        pub fn $name(&self) -> $ty {
+            match self {
+                $(Self::$variant { $name: $v, .. })|+ => $get,
+                other => panic!(concat!("no `", stringify!($name), "` in {:?}"), other),
+            }
+        }
+    };
+}
+
+/// Typed reads of a reply's fields, so a test never indexes the JSON: each
+/// panics (naming the reply) when the reply has no such field.
+impl Reply {
+    /// The `result` tag, as on the wire.
+    pub fn result(&self) -> &'static str {
+        match self {
+            Self::Acquired { .. } => "acquired",
+            Self::AlreadyRunning { .. } => "already_running",
+            Self::Renewed { .. } => "renewed",
+            Self::Released { .. } => "released",
+            Self::Refused { .. } => "refused",
+            Self::Held { .. } => "held",
+            Self::NotOwner { .. } => "not_owner",
+            Self::NotHeld { .. } => "not_held",
+            Self::Expired { .. } => "expired",
+            Self::Status { .. } => "status",
+            Self::List { .. } => "list",
+            Self::History { .. } => "history",
+            Self::Ran { .. } => "ran",
+            Self::Interrupted { .. } => "interrupted",
+            Self::Error { .. } => "error",
+        }
+    }
+
+    /// Asserts the `result` tag and returns the reply.
+    #[track_caller]
+    pub fn is(self, result: &str) -> Self {
+        assert_eq!(self.result(), result, "{self:?}");
+        self
+    }
+
+    field!(
+        /// The lock's path or key (`lock`).
+        lock -> &str = |v| v;
+        Acquired | AlreadyRunning | Renewed | Released | Refused | Held | NotOwner | NotHeld
+            | Expired | Status | Ran | Interrupted
+    );
+    field!(
+        /// The repository as the command spelled it (`repo`).
+        repo -> &str = |v| v;
+        Acquired | AlreadyRunning | Renewed | Released | Refused | Held | NotOwner | NotHeld
+            | Expired | Status | Ran | Interrupted
+    );
+    field!(ttl -> u64 = |v| *v; Acquired | Renewed);
+    field!(note -> Option<&str> = |v| v.as_deref(); Acquired);
+    field!(owner_pid -> Option<u32> = |v| *v; Acquired);
+    field!(started -> &str = |v| v; Acquired);
+    field!(expires -> &str = |v| v; Acquired | Renewed | Held | Expired);
+    field!(renewed -> &str = |v| v; Renewed);
+    field!(took_over -> Option<&TookOver> = |v| v.as_ref(); Acquired);
+    field!(hint -> &str = |v| v; AlreadyRunning);
+    field!(forced -> bool = |v| *v; Released);
+    field!(was_expired -> bool = |v| *v; Renewed);
+    field!(state -> &str = |v| v; Status);
+    field!(locks -> &[ListEntry] = |v| v; List);
+    field!(legacy -> &[ListEntry] = |v| v; List);
+    field!(tombstones -> u64 = |v| *v; List);
+    field!(events -> &[HistoryEvent] = |v| v; History);
+    field!(
+        /// The error code (`error`).
+        error -> &str = |v| v; Error
+    );
+    field!(message -> &str = |v| v; Error | Interrupted);
+    field!(exit_status -> u8 = |v| *v; Ran);
+    field!(renewals -> u64 = |v| *v; Ran);
+    field!(released -> bool = |v| *v; Ran);
+    field!(lost -> bool = |v| *v; Ran);
+    field!(clock_skew -> Option<u64> = |v| *v;
+        Acquired | AlreadyRunning | Renewed | Released | Refused | Held | NotOwner | NotHeld
+            | Expired | Status | Ran | Interrupted | History);
+
+    /// `store` of a `list`, or of a store's `history`.
+    #[track_caller]
+    pub fn store(&self) -> &str {
+        match self {
+            Self::List { store, .. } => store,
+            Self::History {
+                store: Some(store), ..
+            } => store,
+            other => panic!("no `store` in {other:?}"),
+        }
+    }
+
+    /// The holder a reply shows, if any (`null` or absent: `None`).
+    #[track_caller]
+    pub fn holder_opt(&self) -> Option<&Holder> {
+        match self {
+            Self::AlreadyRunning { holder, .. } => Some(holder),
+            Self::Released { holder, .. }
+            | Self::Refused { holder, .. }
+            | Self::NotOwner { holder, .. }
+            | Self::Status { holder, .. } => holder.as_ref(),
+            other => panic!("no `holder` in {other:?}"),
+        }
+    }
+
+    /// The holder a reply must show.
+    #[track_caller]
+    pub fn holder(&self) -> &Holder {
+        self.holder_opt()
+            .unwrap_or_else(|| panic!("a null holder in {self:?}"))
+    }
+
+    /// `expires_in`, where the reply has it (`None`: absent or `null`).
+    #[track_caller]
+    pub fn expires_in(&self) -> Option<u64> {
+        match self {
+            Self::AlreadyRunning { expires_in, .. }
+            | Self::Renewed { expires_in, .. }
+            | Self::Held { expires_in, .. } => Some(*expires_in),
+            Self::Status { expires_in, .. } | Self::NotOwner { expires_in, .. } => *expires_in,
+            other => panic!("no `expires_in` in {other:?}"),
+        }
+    }
+
+    /// `stale_reason`, where the reply has it (`None`: absent).
+    #[track_caller]
+    pub fn stale_reason(&self) -> Option<&str> {
+        match self {
+            Self::Status { stale_reason, .. } | Self::NotHeld { stale_reason, .. } => {
+                stale_reason.as_deref()
+            }
+            Self::Expired { stale_reason, .. } => Some(stale_reason),
+            other => panic!("no `stale_reason` in {other:?}"),
+        }
+    }
+
+    /// The fence of a reply that must carry one.
+    #[track_caller]
+    pub fn must_fence(&self) -> u64 {
+        self.fence()
+            .unwrap_or_else(|| panic!("no fence in {self:?}"))
+    }
+
+    /// The `event` of every history event, in order.
+    #[track_caller]
+    pub fn event_kinds(&self) -> Vec<&str> {
+        self.events().iter().map(|e| e.event.as_str()).collect()
+    }
+
+    /// (skill, repo) of every lock of a `list`, in order.
+    #[track_caller]
+    pub fn lock_names(&self) -> Vec<(String, String)> {
+        self.locks()
+            .iter()
+            .map(|l| (l.skill.clone(), l.repo.clone()))
+            .collect()
+    }
+}
+
+/// One verb on a [`Lock`], its options typed:
+/// `lock.op("acquire").ttl(600).note("one").reply()`.
+pub struct Call {
+    verb: String,
+    cmd: Cmd,
+}
+
+impl Call {
+    /// Appends raw arguments (for an option no typed method names).
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.cmd = self.cmd.args(args);
+        self
+    }
+
+    /// One option and its value.
+    fn opt(self, name: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        let cmd = self.cmd.arg(name).arg(value);
+        Self { cmd, ..self }
+    }
+
+    /// `--ttl SECS`.
+    pub fn ttl(self, secs: u64) -> Self {
+        self.opt("--ttl", secs.to_string())
+    }
+
+    /// `--note TEXT`.
+    pub fn note(self, text: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.opt("--note", text)
+    }
+
+    /// `--owner-pid PID`.
+    pub fn owner_pid(self, pid: u32) -> Self {
+        self.opt("--owner-pid", pid.to_string())
+    }
+
+    /// `--token TOKEN`.
+    pub fn token(self, token: &str) -> Self {
+        self.opt("--token", token)
+    }
+
+    /// `--force`.
+    pub fn force(self) -> Self {
+        self.args(["--force"])
+    }
+
+    /// `--wait SECS` (a decimal number of seconds).
+    pub fn wait(self, secs: impl std::fmt::Display) -> Self {
+        self.opt("--wait", secs.to_string())
+    }
+
+    /// `--since FENCE` (`None`: `null`, the fence of a never-acquired lock).
+    pub fn since(self, fence: Option<u64>) -> Self {
+        self.opt(
+            "--since",
+            fence.map_or_else(|| "null".to_owned(), |f| f.to_string()),
+        )
+    }
+
+    /// `--root DIR`.
+    pub fn root(self, dir: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.opt("--root", dir)
+    }
+
+    /// `--limit N` (`history`).
+    pub fn limit(self, n: u64) -> Self {
+        self.opt("--limit", n.to_string())
+    }
+
+    /// `--store URL`.
+    pub fn store(self, url: &str) -> Self {
+        self.opt("--store", url)
+    }
+
+    /// `-- CMD...` (`run`): the command to run under the lock.
+    pub fn command<I, S>(self, argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.args(["--"]).args(argv)
+    }
+
+    /// The environment variable `name=value` for this invocation.
+    pub fn env(self, name: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        let cmd = self.cmd.env(name, value);
+        Self { cmd, ..self }
+    }
+
+    /// As if run on another host (`SKILL_LOCK_HOST`).
+    pub fn host(self, name: &str) -> Self {
+        self.env("SKILL_LOCK_HOST", name)
+    }
+
+    /// The command, to run or spawn as the test likes.
+    pub fn cmd(self) -> Cmd {
+        self.cmd
+    }
+
+    /// Runs it and returns what it printed.
+    pub fn run(self) -> Out {
+        self.cmd.run()
+    }
+
+    /// Runs it and reads its reply (the exit status checked against the
+    /// result, `not_held`'s by the verb: 0 for `release`, 4 otherwise).
+    #[track_caller]
+    pub fn reply(self) -> Reply {
+        let verb = self.verb.clone();
+        verb_reply(&verb, &self.cmd.run())
+    }
+
+    /// Runs it and asserts its exit status and result.
+    #[track_caller]
+    pub fn expect(self, code: i32, result: &str) -> Reply {
+        let out = self.cmd.run();
+        assert_eq!(
+            (out.code, out.json["result"].as_str()),
+            (code, Some(result)),
+            "stdout: {}\nstderr: {}",
+            out.stdout,
+            out.stderr
+        );
+        reply(&out)
+    }
+
+    /// Runs `run` and reads its reply from the last line of stderr.
+    #[track_caller]
+    pub fn run_reply(self) -> (Out, Reply) {
+        let out = self.cmd.run();
+        let r = run_reply(&out);
+        (out, r)
+    }
+}
+
+/// The reply of `verb`, `not_held`'s exit status checked by the verb.
+#[track_caller]
+fn verb_reply(verb: &str, out: &Out) -> Reply {
+    let r = reply(out);
+    if matches!(r, Reply::NotHeld { .. }) {
+        let want = if verb == "release" { 0 } else { 4 };
+        assert_eq!(out.code, want, "exit status of {verb}'s {r:?}");
+    }
+    r
+}
+
 /// One lock, reached from one directory: the verbs of SPEC §2.
 pub struct Lock {
     cwd: PathBuf,
@@ -361,7 +680,47 @@ impl Lock {
     #[track_caller]
     pub fn call(&self, verb: &str, extra: &[&str]) -> Reply {
         let out = self.cmd(verb, extra).run();
-        reply(&out)
+        verb_reply(verb, &out)
+    }
+
+    /// The verb `verb` on this lock, its options added typed
+    /// (`lock.op("acquire").ttl(60).reply()`).
+    pub fn op(&self, verb: &str) -> Call {
+        Call {
+            verb: verb.to_owned(),
+            cmd: self.cmd(verb, &[]),
+        }
+    }
+
+    /// A command about no one lock (`list`, `history`), its options typed.
+    pub fn store_op(&self, verb: &str) -> Call {
+        Call {
+            verb: verb.to_owned(),
+            cmd: self.store_cmd(&[verb]),
+        }
+    }
+
+    /// The same lock, run as if on another host (`SKILL_LOCK_HOST`).
+    pub fn on_host(self, name: &str) -> Self {
+        self.with_env("SKILL_LOCK_HOST", name)
+    }
+
+    /// `list` of the lock's store.
+    #[track_caller]
+    pub fn list(&self) -> Reply {
+        self.store_op("list").reply()
+    }
+
+    /// `history` of this lock.
+    #[track_caller]
+    pub fn history(&self) -> Reply {
+        self.call("history", &[])
+    }
+
+    /// The state `status` shows (`held`, `stale` or `free`).
+    #[track_caller]
+    pub fn state(&self) -> String {
+        self.status().state().to_owned()
     }
 
     #[track_caller]
