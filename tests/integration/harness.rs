@@ -212,6 +212,12 @@ impl Out {
         verbs::reply(self)
     }
 
+    /// Did it print one JSON object on one line (what every command but
+    /// `run` prints)?
+    pub fn is_one_object(&self) -> bool {
+        self.json.is_object()
+    }
+
     /// Asserts an error object with this code and exit status 2.
     #[track_caller]
     pub fn expect_error(&self, code: &str) -> &Value {
@@ -220,6 +226,26 @@ impl Out {
         assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
         v
     }
+}
+
+/// One field of a JSON object file (an owner record a store wrote), for a
+/// test about what is on disk rather than about a reply.
+#[track_caller]
+pub fn json_file_field(path: &Path, field: &str) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v.get(field).cloned().unwrap_or(Value::Null)
+}
+
+/// Sets fields of a JSON object file, as a hand or another version would.
+#[track_caller]
+pub fn edit_json_file(path: &Path, fields: &[(&str, Value)]) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    for (name, value) in fields {
+        v[*name] = value.clone();
+    }
+    std::fs::write(path, serde_json::to_vec(&v).unwrap()).unwrap();
 }
 
 /// Every file and directory below `dir`, relative, sorted.

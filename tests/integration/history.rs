@@ -1,11 +1,13 @@
 //! SPEC §2.8 under concurrency: the history is complete and well formed when
-//! many processes change locks at once, and fences only grow.
+//! many processes change locks at once, and fences only grow; what
+//! `history` tells of one lock's holders.
 //!
 //! Covers: SPEC §2.8, §7.
 
 use crate::common;
 
-use common::{TestEnv, Value};
+use common::TestEnv;
+use common::verbs::{HistoryEvent, Lock};
 use std::collections::HashMap;
 
 #[test]
@@ -19,18 +21,13 @@ fn concurrent_writers_leave_a_complete_well_formed_history() {
                 let mut acquired = 0u32;
                 for i in 0..25 {
                     let r = if (w + i) % 2 == 0 { "o/even" } else { "o/odd" };
-                    let out = common::Cmd::new(&repo)
-                        .args(["acquire", "sweep", "--repo", r, "--ttl", "60"])
-                        .run();
-                    if out.code == 0 {
+                    let lock = Lock::new(&repo, "sweep", r);
+                    let a = lock.op("acquire").ttl(60).reply();
+                    if a.result() == "acquired" {
                         acquired += 1;
-                        let t = out.json["token"].as_str().unwrap().to_owned();
-                        common::Cmd::new(&repo)
-                            .args(["release", "sweep", "--repo", r, "--token", &t])
-                            .run()
-                            .expect(0, "released");
+                        lock.release(a.token()).is("released");
                     } else {
-                        out.expect(3, "already_running");
+                        a.is("already_running");
                     }
                 }
                 acquired
@@ -42,12 +39,13 @@ fn concurrent_writers_leave_a_complete_well_formed_history() {
 
     let text = std::fs::read_to_string(repo.join(".git/apache-magpie/run/history.jsonl")).unwrap();
     assert!(text.ends_with('\n'));
-    let events: Vec<Value> = text
+    // Each line reads as the event `history` shows, every field known.
+    let events: Vec<HistoryEvent> = text
         .lines()
         .filter(|l| !l.trim().is_empty()) // padding: no event straddles a 4 KiB block
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("torn line {l:?}: {e}")))
         .collect();
-    let count = |kind: &str| events.iter().filter(|e| e["event"] == kind).count();
+    let count = |kind: &str| events.iter().filter(|e| e.event == kind).count();
     assert_eq!(
         count("acquired") as u32,
         acquired,
@@ -62,9 +60,8 @@ fn concurrent_writers_leave_a_complete_well_formed_history() {
     // Per lock: events alternate acquired/released and fences strictly grow.
     let mut last: HashMap<String, (String, u64)> = HashMap::new();
     for e in &events {
-        let lock = e["lock"].as_str().unwrap().to_owned();
-        let kind = e["event"].as_str().unwrap().to_owned();
-        let fence = e["fence"].as_u64().unwrap();
+        let (lock, kind) = (e.lock.clone(), e.event.clone());
+        let fence = e.fence.unwrap();
         if let Some((prev_kind, prev_fence)) = last.get(&lock) {
             match kind.as_str() {
                 "acquired" => {
@@ -90,22 +87,51 @@ fn concurrent_writers_leave_a_complete_well_formed_history() {
     }
 
     // The command shows the same, oldest first, limited to the newest N.
-    let out = env
-        .cmd(&repo)
-        .args(["history", "sweep", "--repo", "O/Even", "--limit", "4"])
-        .run();
-    let h = out.expect(0, "history");
-    let shown = h["events"].as_array().unwrap();
+    let h = Lock::new(&repo, "sweep", "O/Even").op("history").limit(4).reply();
+    let shown = h.events();
     assert_eq!(shown.len(), 4);
-    let even: Vec<&Value> = events
+    let even: Vec<&HistoryEvent> = events
         .iter()
-        .filter(|e| e["lock"] == "sweep@o__even")
+        .filter(|e| e.lock == "sweep@o__even")
         .collect();
+    assert_eq!(shown.iter().collect::<Vec<_>>(), even[even.len() - 4..]);
+}
+
+#[test]
+fn history_tells_who_held_it() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let lock = Lock::new(&repo, "issue-triage", "apache/airflow");
+    let a = lock.op("acquire").ttl(1).note("first").reply();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let b = lock.op("acquire").note("second").reply();
+    let tb = b.token().to_owned();
+    lock.release(a.token()).is("refused");
+    lock.renew(&tb).is("renewed");
+    lock.force_release().is("released");
+    Lock::new(&repo, "other", "o/r").acquire().is("acquired");
+    let h = lock.history();
     assert_eq!(
-        shown.as_slice(),
-        &even[even.len() - 4..]
-            .iter()
-            .map(|v| (*v).clone())
-            .collect::<Vec<_>>()[..]
+        h.event_kinds(),
+        [
+            "acquired",
+            "took_over",
+            "acquired",
+            "refused",
+            "renewed",
+            "forced_release"
+        ]
     );
+    let ev = h.events();
+    assert_eq!((ev[0].fence, ev[0].note.as_deref()), (Some(1), Some("first")));
+    assert_eq!(ev[1].reason.as_deref(), Some("expired"));
+    let previous = ev[1].previous.as_ref().unwrap();
+    assert_eq!(previous.note.as_deref(), Some("first"));
+    assert_eq!((ev[2].fence, ev[2].note.as_deref()), (Some(2), Some("second")));
+    assert_eq!(ev[5].previous.as_ref().map(|p| p.fence), Some(2));
+    let all = lock.store_op("history").limit(2).reply();
+    assert_eq!(all.events().len(), 2);
+    assert_eq!(all.events()[1].skill, "other");
+    let text = std::fs::read_to_string(repo.join(".git/apache-magpie/run/history.jsonl")).unwrap();
+    assert!(!text.contains(&tb), "history holds a token");
 }
