@@ -270,4 +270,3 @@ fn usage_errors_suggest_and_point_to_the_subcommands_help() {
     let m = msg(&["renew", "x", "--repo", "a/b", "--tokn", "t"]);
     assert!(m.contains("did you mean '--token'?"), "{m}");
 }
-

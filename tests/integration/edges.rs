@@ -6,6 +6,7 @@
 
 use crate::common;
 
+use common::verbs::Lock;
 use common::{TestEnv, tree};
 use std::path::{Path, PathBuf};
 
@@ -13,50 +14,53 @@ fn lock_dir(repo: &Path) -> PathBuf {
     repo.join(".git/apache-magpie/run/locks/s@o__r.lock")
 }
 
+/// The lock `s` of `o/r`, seen from `repo`.
+fn lock(repo: &Path) -> Lock {
+    Lock::new(repo, "s", "o/r")
+}
+
+/// The `stale_reason` `status` shows of `s` of `o/r` in `repo`.
+#[track_caller]
+fn stale_reason(repo: &Path) -> Option<String> {
+    lock(repo).status().stale_reason().map(str::to_owned)
+}
+
+/// The reason `acquire` gives for taking `s` of `o/r` over, in `repo`.
+#[track_caller]
+fn takeover_reason(repo: &Path) -> String {
+    let a = lock(repo).acquire().is("acquired");
+    a.took_over().unwrap().reason.clone()
+}
+
 #[test]
 fn lock_directory_replaced_by_a_file_or_a_symlink_is_corrupt_and_taken_over() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    env.cmd(&repo)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run()
-        .expect(0, "acquired");
-    let lock = lock_dir(&repo);
+    lock(&repo).acquire().is("acquired");
+    let dir = lock_dir(&repo);
     // A symlink to a directory holding a perfectly valid record is still not a lock.
     let decoy = env.dir("decoy");
-    std::fs::rename(&lock, decoy.join("x.lock")).unwrap();
-    std::os::unix::fs::symlink(decoy.join("x.lock"), &lock).unwrap();
-    let st = env.cmd(&repo).args(["status", "s", "--repo", "o/r"]).run();
-    assert_eq!(st.expect(0, "status")["stale_reason"], "corrupt");
-    let a = env.cmd(&repo).args(["acquire", "s", "--repo", "o/r"]).run();
-    assert_eq!(a.expect(0, "acquired")["took_over"]["reason"], "corrupt");
+    std::fs::rename(&dir, decoy.join("x.lock")).unwrap();
+    std::os::unix::fs::symlink(decoy.join("x.lock"), &dir).unwrap();
+    assert_eq!(stale_reason(&repo).as_deref(), Some("corrupt"));
+    assert_eq!(takeover_reason(&repo), "corrupt");
     assert!(
         decoy.join("x.lock/owner.json").is_file(),
         "the symlink's target was touched"
     );
-    assert!(lock.is_dir() && !lock.is_symlink());
+    assert!(dir.is_dir() && !dir.is_symlink());
 
     // A plain file in place of the lock directory.
-    env.cmd(&repo)
-        .args(["release", "s", "--repo", "o/r"])
-        .run()
-        .expect(0, "released");
-    std::fs::write(&lock, "junk").unwrap();
-    let st = env.cmd(&repo).args(["status", "s", "--repo", "o/r"]).run();
-    assert_eq!(st.expect(0, "status")["stale_reason"], "corrupt");
-    env.cmd(&repo)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run()
-        .expect(0, "acquired");
-    assert!(lock.join("owner.json").is_file());
+    lock(&repo).op("release").expect(0, "released");
+    std::fs::write(&dir, "junk").unwrap();
+    assert_eq!(stale_reason(&repo).as_deref(), Some("corrupt"));
+    lock(&repo).acquire().is("acquired");
+    assert!(dir.join("owner.json").is_file());
     // An empty lock directory (no record) is corrupt too.
-    env.cmd(&repo)
-        .args(["release", "s", "--repo", "o/r"])
-        .run()
-        .expect(0, "released");
-    std::fs::create_dir(&lock).unwrap();
-    let l = env.cmd(&repo).arg("list").run();
-    assert_eq!(l.expect(0, "list")["locks"][0]["stale_reason"], "corrupt");
+    lock(&repo).op("release").expect(0, "released");
+    std::fs::create_dir(&dir).unwrap();
+    let l = lock(&repo).list();
+    assert_eq!(l.locks()[0].stale_reason.as_deref(), Some("corrupt"));
 }
 
 #[test]
@@ -67,21 +71,17 @@ fn unwritable_personal_layer_is_an_io_error_that_changes_nothing() {
     // below it, whoever runs the test (root ignores permission bits).
     std::fs::write(repo.join(".git/apache-magpie"), "not a directory").unwrap();
     let before = tree(&repo);
-    let out = env.cmd(&repo).args(["acquire", "s", "--repo", "o/r"]).run();
-    let v = out.expect_error("io");
-    assert!(
-        v["message"].as_str().unwrap().contains("apache-magpie"),
-        "{}",
-        out.stdout
-    );
+    let out = lock(&repo).op("acquire").run();
+    let message = out.error_message("io");
+    assert!(message.contains("apache-magpie"), "{}", out.stdout);
     assert_eq!(tree(&repo), before);
     // Every other command says the same, and creates nothing either.
-    for args in [
-        &["status", "s", "--repo", "o/r"][..],
-        &["release", "s", "--repo", "o/r"],
-        &["list"],
+    for out in [
+        lock(&repo).op("status").run(),
+        lock(&repo).op("release").run(),
+        lock(&repo).store_op("list").run(),
     ] {
-        env.cmd(&repo).args(args).run().expect_error("io");
+        out.expect_error("io");
     }
     assert_eq!(tree(&repo), before);
 }
@@ -91,73 +91,59 @@ fn a_git_file_pointing_nowhere_is_no_root_with_a_fix() {
     let env = TestEnv::new();
     let wt = env.dir("wt");
     std::fs::write(wt.join(".git"), "gitdir: /nonexistent/.git/worktrees/wt\n").unwrap();
-    let out = env.cmd(&wt).args(["acquire", "s", "--repo", "o/r"]).run();
-    let v = out.expect_error("no_root");
-    assert!(
-        v["message"].as_str().unwrap().contains("git worktree"),
-        "{}",
-        out.stdout
-    );
+    let out = lock(&wt).op("acquire").run();
+    let message = out.error_message("no_root");
+    assert!(message.contains("git worktree"), "{}", out.stdout);
     assert_eq!(tree(&wt), [".git"]);
 }
 
-fn rewrite_record(lock: &Path, edit: impl Fn(&mut serde_json::Value)) {
-    let path = lock.join("owner.json");
-    let mut rec: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    edit(&mut rec);
-    std::fs::write(&path, serde_json::to_vec(&rec).unwrap()).unwrap();
+/// Sets fields of the lock's owner record, as another boot or clock would.
+fn rewrite_record(lock: &Path, fields: &[(&str, &str)]) {
+    let fields: Vec<(&str, serde_json::Value)> =
+        fields.iter().map(|(k, v)| (*k, (*v).into())).collect();
+    common::edit_json_file(&lock.join("owner.json"), &fields);
 }
 
 #[test]
 fn records_from_clocks_far_in_the_past_or_future() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    env.cmd(&repo)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run()
-        .expect(0, "acquired");
+    lock(&repo).acquire().is("acquired");
     // Written on another boot, expiring in the year 9999: an impossible lease,
     // judged corrupt instead of blocking the lock for millennia.
-    rewrite_record(&lock_dir(&repo), |r| {
-        r["boot_id"] = "another-boot".into();
-        r["expires"] = "9999-12-31T23:59:59Z".into();
-    });
-    let st = env.cmd(&repo).args(["status", "s", "--repo", "o/r"]).run();
-    assert_eq!(st.expect(0, "status")["stale_reason"], "corrupt");
-    let a = env.cmd(&repo).args(["acquire", "s", "--repo", "o/r"]).run();
-    assert_eq!(a.expect(0, "acquired")["took_over"]["reason"], "corrupt");
+    rewrite_record(
+        &lock_dir(&repo),
+        &[
+            ("boot_id", "another-boot"),
+            ("expires", "9999-12-31T23:59:59Z"),
+        ],
+    );
+    assert_eq!(stale_reason(&repo).as_deref(), Some("corrupt"));
+    assert_eq!(takeover_reason(&repo), "corrupt");
     // Expired long ago (1970), on another boot: plainly expired.
-    rewrite_record(&lock_dir(&repo), |r| {
-        r["boot_id"] = "another-boot".into();
-        r["expires"] = "1970-01-01T00:00:01Z".into();
-    });
-    let st = env.cmd(&repo).args(["status", "s", "--repo", "o/r"]).run();
-    let v = st.expect(0, "status");
+    rewrite_record(
+        &lock_dir(&repo),
+        &[
+            ("boot_id", "another-boot"),
+            ("expires", "1970-01-01T00:00:01Z"),
+        ],
+    );
+    let v = lock(&repo).status();
     assert_eq!(
-        (v["stale_reason"].as_str(), v["expires_in"].as_u64()),
+        (v.stale_reason(), v.expires_in()),
         (Some("expired"), Some(0))
     );
     // Same boot: the boot-time clock decides, whatever the wall time says.
-    env.cmd(&repo)
-        .args(["acquire", "s", "--repo", "o/r", "--ttl", "600"])
-        .run()
-        .expect(0, "acquired");
-    rewrite_record(&lock_dir(&repo), |r| {
-        r["expires"] = "1970-01-01T00:00:01Z".into()
-    });
-    let st = env.cmd(&repo).args(["status", "s", "--repo", "o/r"]).run();
-    assert_eq!(st.expect(0, "status")["state"], "held");
+    lock(&repo).op("acquire").ttl(600).reply().is("acquired");
+    rewrite_record(&lock_dir(&repo), &[("expires", "1970-01-01T00:00:01Z")]);
+    assert_eq!(lock(&repo).state(), "held");
 }
 
 #[test]
 fn arbitrary_bytes_in_a_record_are_corrupt_never_a_crash() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    env.cmd(&repo)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run()
-        .expect(0, "acquired");
+    lock(&repo).acquire().is("acquired");
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     for len in [0usize, 1, 7, 100, 5000, 70_000] {
         let bytes: Vec<u8> = (0..len)
@@ -169,12 +155,9 @@ fn arbitrary_bytes_in_a_record_are_corrupt_never_a_crash() {
             })
             .collect();
         std::fs::write(lock_dir(&repo).join("owner.json"), &bytes).unwrap();
-        let st = env.cmd(&repo).args(["status", "s", "--repo", "o/r"]).run();
-        assert_eq!(
-            st.expect(0, "status")["stale_reason"],
-            "corrupt",
-            "len {len}"
-        );
+        let st = lock(&repo).op("status").run();
+        let reason = st.expect_reply(0, "status");
+        assert_eq!(reason.stale_reason(), Some("corrupt"), "len {len}");
         assert!(st.stderr.is_empty(), "{}", st.stderr);
     }
 }
@@ -205,23 +188,21 @@ fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
     }
     mode(&mine, 0o700);
     mode(&layer, if root { 0o700 } else { 0o000 });
-    let run = |extra: &[&str]| {
-        let mut cmd = env
-            .cmd(&repo)
-            .args(["acquire", "s", "--repo", "o/r"])
-            .args(extra)
-            .command();
+    let run = |store: Option<&str>| {
+        let call = lock(&repo).op("acquire");
+        let call = match store {
+            Some(url) => call.store(url),
+            None => call,
+        };
+        let mut cmd = call.cmd().command();
         if root {
             cmd.uid(65534).gid(65534);
         }
         common::Out::from(cmd.output().unwrap())
     };
-    let out = run(&[]);
+    let out = run(None);
     mode(&layer, 0o755);
-    let m = out.expect_error("io")["message"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let m = out.error_message("io");
     assert!(
         m.starts_with(&format!("could not open {}: ", layer.display())),
         "{m}"
@@ -229,7 +210,7 @@ fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
     assert!(m.contains("--store file:DIR"), "{m}");
     mode(&layer, if root { 0o700 } else { 0o000 });
     let url = format!("file:{}", mine.display());
-    let out = run(&["--store", &url]);
+    let out = run(Some(&url));
     mode(&layer, 0o755);
     out.expect(0, "acquired");
 }

@@ -10,16 +10,23 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::common::verbs::{Lock, Reply, reply, run_reply};
+use crate::common::verbs::{Call, Lock, Reply, reply, run_reply};
 use crate::common::{BIN, Out, TestEnv};
 
-/// The verbs that read a token, each with `SKILL_LOCK_TOKEN` set but empty.
-const TOKEN_VERBS: [(&str, &[&str]); 4] = [
-    ("renew", &[]),
-    ("check", &[]),
-    ("release", &[]),
-    ("release", &["--force"]),
+/// The verbs that read a token (and whether forced), each to be run with
+/// `SKILL_LOCK_TOKEN` set but empty.
+const TOKEN_VERBS: [(&str, bool); 4] = [
+    ("renew", false),
+    ("check", false),
+    ("release", false),
+    ("release", true),
 ];
+
+/// `verb` on `lock`, `--force` when `forced`.
+fn token_verb(lock: &Lock, verb: &str, forced: bool) -> Call {
+    let call = lock.op(verb);
+    if forced { call.force() } else { call }
+}
 
 /// The lock is still held by `token`'s run, at `fence`, never renewed.
 #[track_caller]
@@ -28,7 +35,7 @@ fn still_held_by(lock: &Lock, token: &str, fence: u64) {
         matches!(lock.check(token), Reply::Held { fence: f, .. } if f == fence),
         "the first run lost its lock"
     );
-    match lock.call("status", &[]) {
+    match lock.status() {
         Reply::Status {
             state,
             holder: Some(holder),
@@ -48,40 +55,34 @@ fn an_empty_token_variable_is_a_usage_error_that_changes_nothing() {
     let lock = Lock::new(&repo, "s", "o/r");
     let first = lock.acquire();
     let (token, fence) = (first.token().to_owned(), first.fence().unwrap());
-    for (verb, extra) in TOKEN_VERBS {
-        let out = lock.cmd(verb, extra).env("SKILL_LOCK_TOKEN", "").run();
-        match reply(&out) {
-            Reply::Error { error, .. } => assert_eq!(error, "usage", "{verb} {extra:?}"),
-            other => panic!("{verb} {extra:?} with an empty SKILL_LOCK_TOKEN: {other:?}"),
+    for (verb, forced) in TOKEN_VERBS {
+        let call = token_verb(&lock, verb, forced).env("SKILL_LOCK_TOKEN", "");
+        match call.reply() {
+            Reply::Error { error, .. } => assert_eq!(error, "usage", "{verb} {forced}"),
+            other => panic!("{verb} {forced} with an empty SKILL_LOCK_TOKEN: {other:?}"),
         }
         still_held_by(&lock, &token, fence);
     }
     // `--token ''` is a token given, that matches nothing: never "no token".
-    let empty = |verb: &str, extra: &[&str]| {
-        let mut args = vec!["--token", ""];
-        args.extend_from_slice(extra);
-        reply(&lock.cmd(verb, &args).env("SKILL_LOCK_TOKEN", "").run())
-    };
-    assert!(matches!(empty("check", &[]), Reply::NotOwner { .. }));
-    assert!(matches!(empty("renew", &[]), Reply::NotOwner { .. }));
-    assert!(matches!(empty("release", &[]), Reply::Refused { .. }));
+    let empty = |verb: &str| lock.op(verb).token("").env("SKILL_LOCK_TOKEN", "").reply();
+    assert!(matches!(empty("check"), Reply::NotOwner { .. }));
+    assert!(matches!(empty("renew"), Reply::NotOwner { .. }));
+    assert!(matches!(empty("release"), Reply::Refused { .. }));
     still_held_by(&lock, &token, fence);
     // The real token in the variable still works.
-    let out = lock
-        .cmd("release", &[])
-        .env("SKILL_LOCK_TOKEN", &token)
-        .run();
-    assert!(matches!(reply(&out), Reply::Released { forced: false, .. }));
+    let out = lock.op("release").env("SKILL_LOCK_TOKEN", &token).reply();
+    assert!(matches!(out, Reply::Released { forced: false, .. }));
 }
 
-/// `BIN args...` run in `cwd` by `sh -c SCRIPT` (which gets BIN and args
-/// as `$0 "$@"`), so the shell can close or redirect its streams.
-fn via_sh(cwd: &Path, script: &str, args: &[&str]) -> Out {
+/// `call` run in `cwd` by `sh -c SCRIPT` (which gets BIN and the call's
+/// arguments as `$0 "$@"`), so the shell can close or redirect its streams.
+fn via_sh(cwd: &Path, script: &str, call: Call) -> Out {
+    let cmd = call.cmd().command();
     let out = Command::new("sh")
         .arg("-c")
         .arg(script)
         .arg(BIN)
-        .args(args)
+        .args(cmd.get_args())
         .current_dir(cwd)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -110,12 +111,12 @@ fn an_acquire_whose_result_cannot_be_written_holds_no_lock() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let lock = Lock::new(&repo, "s", "o/r");
-    let args = ["acquire", "s", "--repo", "o/r"];
+    let args = || lock.op("acquire");
     for (how, script) in [
         ("full", r#"exec "$0" "$@" >/dev/full"#),
         ("closed", r#"exec "$0" "$@" >&-"#),
     ] {
-        let out = via_sh(&repo, script, &args);
+        let out = via_sh(&repo, script, args());
         assert_eq!(out.code, 2, "{how}: {}", out.stderr);
         assert!(out.stdout.is_empty(), "{how}");
         free(&lock);
@@ -127,14 +128,14 @@ fn an_acquire_whose_result_cannot_be_written_holds_no_lock() {
         r#"trap '' PIPE; {{ "$0" "$@"; echo $? >'{}'; }} | true"#,
         status.display()
     );
-    via_sh(&repo, &script, &args);
+    via_sh(&repo, &script, args());
     let code = std::fs::read_to_string(&status).unwrap();
     assert_eq!(code.trim(), "2", "an acquire into a closed pipe");
     free(&lock);
     // `>/dev/null` is the caller's choice, not a closed stream.
-    let out = via_sh(&repo, r#"exec "$0" "$@" >/dev/null"#, &args);
+    let out = via_sh(&repo, r#"exec "$0" "$@" >/dev/null"#, args());
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(matches!(lock.call("status", &[]), Reply::Status { state, .. } if state == "held"));
+    assert_eq!(lock.state(), "held");
 }
 
 #[test]
@@ -142,14 +143,11 @@ fn an_acquire_that_waited_gives_the_lock_back_when_its_result_is_lost() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let lock = Lock::new(&repo, "s", "o/r");
-    let first = lock.acquire_with(&["--ttl", "1"]);
+    let first = lock.op("acquire").ttl(1).reply();
     let fence = first.fence().unwrap();
     // Waits out the first lease, takes the lock over, cannot print it.
-    let out = via_sh(
-        &repo,
-        r#"exec "$0" "$@" >/dev/full"#,
-        &["acquire", "s", "--repo", "o/r", "--wait", "20"],
-    );
+    let waiter = lock.op("acquire").wait(20);
+    let out = via_sh(&repo, r#"exec "$0" "$@" >/dev/full"#, waiter);
     assert_eq!(out.code, 2, "{}", out.stderr);
     match lock.acquire() {
         Reply::Acquired {
@@ -169,19 +167,12 @@ fn a_run_whose_result_cannot_be_written_leaves_no_lock() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let lock = Lock::new(&repo, "s", "o/r");
-    let out = via_sh(
-        &repo,
-        r#"exec "$0" "$@" >&- 2>/dev/full"#,
-        &["run", "s", "--repo", "o/r", "--", "true"],
-    );
+    let run = || lock.op("run").command(["true"]);
+    let out = via_sh(&repo, r#"exec "$0" "$@" >&- 2>/dev/full"#, run());
     assert_eq!(out.code, 2, "{}", out.stderr);
     free(&lock);
     // Its stdout closed, run still runs CMD and reports on stderr.
-    let out = via_sh(
-        &repo,
-        r#"exec "$0" "$@" >&-"#,
-        &["run", "s", "--repo", "o/r", "--", "true"],
-    );
+    let out = via_sh(&repo, r#"exec "$0" "$@" >&-"#, run());
     assert!(matches!(
         run_reply(&out),
         Reply::Ran {
@@ -210,7 +201,7 @@ fn outlive(lock: &Lock) {
     if let Reply::Status {
         expires_in: Some(left),
         ..
-    } = lock.call("status", &[])
+    } = lock.status()
     {
         std::thread::sleep(std::time::Duration::from_millis(left * 1000 + 1200));
     }
@@ -221,16 +212,16 @@ fn outlive(lock: &Lock) {
 /// `repo`); `takeover`: the store keeps an expired lock to take over (etcd
 /// drops it with its lease).
 fn every_command(lock: &Lock, lower: &Lock, skill: &str, repo: &str, takeover: bool) {
-    let got = lock.acquire_with(&["--ttl", "2", "--note", "long"]);
+    let got = lock.op("acquire").ttl(2).note("long").reply();
     let token = got.token().to_owned();
     let Reply::Acquired { lock: at, .. } = &got else {
         unreachable!()
     };
     assert!(matches!(lower.acquire(), Reply::AlreadyRunning { .. }));
-    assert!(matches!(lock.call("status", &[]), Reply::Status { state, .. } if state == "held"));
+    assert_eq!(lock.state(), "held");
     assert!(matches!(lock.renew(&token), Reply::Renewed { .. }));
     assert!(matches!(lower.check(&token), Reply::Held { .. }));
-    match reply(&lock.store_cmd(&["list"]).run()) {
+    match lock.list() {
         Reply::List { locks, .. } => assert!(
             locks
                 .iter()
@@ -243,15 +234,15 @@ fn every_command(lock: &Lock, lower: &Lock, skill: &str, repo: &str, takeover: b
         lower.release(&token),
         Reply::Released { forced: false, .. }
     ));
-    lock.acquire_with(&["--ttl", "2"]);
+    lock.op("acquire").ttl(2).reply().is("acquired");
     assert!(matches!(
         lower.force_release(),
         Reply::Released { forced: true, .. }
     ));
-    lock.acquire_with(&["--ttl", "2"]);
+    lock.op("acquire").ttl(2).reply().is("acquired");
     outlive(lock);
     // An etcd lease may outlive the `expires` its holder was told: wait for it.
-    let again = lower.acquire_with(&["--wait", "10"]);
+    let again = lower.op("acquire").wait(10).reply();
     match &again {
         Reply::Acquired { took_over, .. } => assert!(
             !takeover || took_over.as_ref().is_some_and(|t| t.reason == "expired"),
@@ -260,12 +251,8 @@ fn every_command(lock: &Lock, lower: &Lock, skill: &str, repo: &str, takeover: b
         other => panic!("the expired lock was not taken over: {other:?}"),
     }
     lower.release(again.token());
-    let events = |out: Out| match reply(&out) {
-        Reply::History { events, .. } => events,
-        other => panic!("{other:?}"),
-    };
-    let mine = events(lock.cmd("history", &[]).run());
-    let all = events(lock.store_cmd(&["history"]).run());
+    let mine = lock.history().events().to_vec();
+    let all = lock.store_op("history").reply().events().to_vec();
     let kinds: Vec<&str> = mine.iter().map(|e| e.event.as_str()).collect();
     for want in ["acquired", "renewed", "released", "forced_release"] {
         assert!(kinds.contains(&want), "no {want} in {kinds:?}");
@@ -395,12 +382,10 @@ fn displays_only(text: &str, what: &str) {
 fn forge(repo: &Path, host: &str, note: &str) {
     let dir = repo.join(".git/apache-magpie/run/locks/s@o__r.lock");
     let record = dir.join("owner.json");
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
-    v["host"] = host.into();
-    v["note"] = note.into();
-    std::fs::write(dir.join("forged.tmp"), v.to_string()).unwrap();
-    std::fs::rename(dir.join("forged.tmp"), record).unwrap();
+    let forged = dir.join("forged.tmp");
+    std::fs::copy(&record, &forged).unwrap();
+    crate::common::edit_json_file(&forged, &[("host", host.into()), ("note", note.into())]);
+    std::fs::rename(forged, record).unwrap();
 }
 
 #[test]
@@ -411,12 +396,12 @@ fn a_forged_host_and_note_reach_no_terminal() {
     let token = lock.acquire().token().to_owned();
     forge(&repo, HOSTILE, HOSTILE);
     let outs = [
-        lock.cmd("acquire", &[]).run(),
-        lock.cmd("status", &[]).run(),
-        lock.cmd("check", &["--token", "nope"]).run(),
-        lock.cmd("renew", &["--token", &token]).run(),
-        lock.cmd("release", &["--token", &token]).run(),
-        lock.store_cmd(&["history"]).run(),
+        lock.op("acquire").run(),
+        lock.op("status").run(),
+        lock.op("check").token("nope").run(),
+        lock.op("renew").token(&token).run(),
+        lock.op("release").token(&token).run(),
+        lock.store_op("history").run(),
     ];
     for out in &outs {
         assert_eq!(out.stdout.matches('\n').count(), 1, "{:?}", out.stdout);
@@ -448,7 +433,10 @@ fn a_run_that_lost_its_lock_names_a_forged_holder_on_one_line() {
     let repo = env.git_repo("r");
     let lock = Lock::new(&repo, "s", "o/r");
     let run = lock
-        .cmd("run", &["--ttl", "3", "--", "sleep", "30"])
+        .op("run")
+        .ttl(3)
+        .command(["sleep", "30"])
+        .cmd()
         .command()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -456,13 +444,13 @@ fn a_run_that_lost_its_lock_names_a_forged_holder_on_one_line() {
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !matches!(lock.call("status", &[]), Reply::Status { state, .. } if state == "held") {
+    while lock.state() != "held" {
         assert!(std::time::Instant::now() < deadline, "run never acquired");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // An operator frees it, another run takes it, and its record is forged.
     lock.force_release();
-    lock.acquire_with(&["--ttl", "60"]);
+    lock.op("acquire").ttl(60).reply().is("acquired");
     forge(&repo, HOSTILE, "n");
     let out = Out::from(run.wait_with_output().unwrap());
     displays_only(&out.stderr, "run's stderr");

@@ -20,7 +20,8 @@ use crate::common;
 use common::http2::FrameWatch;
 
 use base64::Engine as _;
-use common::{Cmd, TestEnv, Value};
+use common::verbs::Lock;
+use common::{TestEnv, Value};
 use skill_lock::record::Timestamp;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -38,14 +39,15 @@ fn prefix(env: &TestEnv) -> String {
     common::etcd_prefix(env, "exact")
 }
 
-fn cmd(cwd: &Path, store: &str) -> Cmd {
-    Cmd::new(cwd).env("SKILL_LOCK_STORE", store)
+/// The lock `skill` of `o/r` in `store`, seen from `cwd`.
+fn lock(cwd: &Path, store: &str, skill: &str) -> Lock {
+    Lock::new(cwd, skill, "o/r").with_env("SKILL_LOCK_STORE", store)
 }
 
-/// A result's time field, in milliseconds since the epoch.
+/// A reply's time, in milliseconds since the epoch.
 #[track_caller]
-fn ms_of(v: &Value) -> i64 {
-    Timestamp::parse(v.as_str().unwrap()).unwrap().0 * 1000
+fn ms_of(time: &str) -> i64 {
+    Timestamp::parse(time).unwrap().0 * 1000
 }
 
 /// `etcdctl` against `ep`, its standard output as JSON.
@@ -63,9 +65,9 @@ fn etcdctl(ep: &str, args: &[&str]) -> Value {
 /// The TTL the cluster granted to the lease of key `key`.
 fn granted_ttl(ep: &str, key: &str) -> u64 {
     let got = etcdctl(ep, &["get", key]);
-    let lease = got["kvs"][0]["lease"].as_i64().unwrap();
+    let lease = got.pointer("/kvs/0/lease").and_then(Value::as_i64).unwrap();
     let ttl = etcdctl(ep, &["lease", "timetolive", &format!("{lease:x}")]);
-    ttl["granted-ttl"].as_u64().unwrap()
+    ttl.pointer("/granted-ttl").and_then(Value::as_u64).unwrap()
 }
 
 /// Sleeps until `at_ms` past a whole second of the wall clock.
@@ -88,29 +90,18 @@ fn the_holder_is_never_told_a_later_expires_than_the_cluster_gives() {
     for (round, ttl) in [3u64, 3, 2].into_iter().enumerate() {
         let skill = format!("told-{round}");
         just_after_a_second(40);
-        let first = cmd(&cwd, &store)
-            .args([
-                "acquire",
-                &skill,
-                "--repo",
-                "o/r",
-                "--ttl",
-                &ttl.to_string(),
-            ])
-            .run();
-        first.expect(0, "acquired");
-        let expires = ms_of(&first.json["expires"]);
+        let lock = lock(&cwd, &store, &skill);
+        let first = lock.op("acquire").ttl(ttl).reply().is("acquired");
+        let expires = ms_of(first.expires());
         // A contender keeps trying; the moment its acquire answered is
         // after the lock was taken, which must not be before `expires`.
         let taken_by = loop {
-            let o = cmd(&cwd, &store)
-                .args(["acquire", &skill, "--repo", "o/r", "--ttl", "60"])
-                .run();
+            let o = lock.op("acquire").ttl(60).reply();
             let answered = common::wall_ms();
-            if o.code == 0 {
+            if o.result() == "acquired" {
                 break answered;
             }
-            o.expect(3, "already_running");
+            o.is("already_running");
             assert!(answered < expires + 30_000, "never freed");
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -118,7 +109,7 @@ fn the_holder_is_never_told_a_later_expires_than_the_cluster_gives() {
             taken_by >= expires,
             "round {round}: a contender held the lock {} ms before the expires the holder was told ({})",
             expires - taken_by,
-            first.json["expires"]
+            first.expires()
         );
     }
 }
@@ -131,35 +122,24 @@ fn renew_reports_the_ttl_the_cluster_granted() {
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
     let store = format!("etcd://{ep}{}", prefix(&env));
-    let a = cmd(&cwd, &store)
-        .args(["acquire", "granted", "--repo", "o/r", "--ttl", "30"])
-        .run();
-    a.expect(0, "acquired");
-    let token = a.json["token"].as_str().unwrap().to_owned();
-    let key = a.json["lock"].as_str().unwrap().to_owned();
-    assert_eq!(a.json["ttl"], granted_ttl(&ep, &key), "{}", a.stdout);
+    let lock = lock(&cwd, &store, "granted");
+    let a = lock.op("acquire").ttl(30).reply().is("acquired");
+    let (token, key) = (a.token(), a.lock());
+    assert_eq!(a.ttl(), granted_ttl(&ep, key), "{a:?}");
     // Below the cluster's minimum lease (2 s by default): it grants more,
     // and renew says what it granted, as acquire does.
     let before = common::wall_ms();
-    let r = cmd(&cwd, &store)
-        .args([
-            "renew", "granted", "--repo", "o/r", "--ttl", "1", "--token", &token,
-        ])
-        .run();
-    r.expect(0, "renewed");
-    let granted = granted_ttl(&ep, &key);
-    assert_eq!(r.json["ttl"], granted, "{}", r.stdout);
-    let expires = ms_of(&r.json["expires"]);
+    let r = lock.op("renew").ttl(1).token(token).reply().is("renewed");
+    let granted = granted_ttl(&ep, key);
+    assert_eq!(r.ttl(), granted, "{r:?}");
+    let expires = ms_of(r.expires());
     let granted_ms = i64::try_from(granted).unwrap() * 1000;
     assert!(
         expires <= common::wall_ms() + granted_ms && expires >= before + granted_ms - 1000,
         "renew said expires {} for a lease of {granted} s granted between {before} and now",
-        r.json["expires"]
+        r.expires()
     );
-    cmd(&cwd, &store)
-        .args(["release", "granted", "--repo", "o/r", "--token", &token])
-        .run()
-        .expect(0, "released");
+    lock.release(token).is("released");
 }
 
 /// A proxy to `target` that forwards everything until the first
@@ -227,9 +207,10 @@ fn an_acquire_lost_to_a_frozen_member_answers_in_time_and_leaves_no_ghost() {
         let skill = format!("ghost-{round}");
         let through = format!("etcd://{}{pfx}", freezing_proxy(ep.clone()));
         let began = Instant::now();
-        let o = cmd(&cwd, &through)
+        let o = lock(&cwd, &through, &skill)
+            .op("acquire")
             .env("SKILL_LOCK_ETCD_TIMEOUT", "1")
-            .args(["acquire", &skill, "--repo", "o/r", "--ttl", "60"])
+            .ttl(60)
             .run();
         let took = began.elapsed();
         let answered = Instant::now();
@@ -247,21 +228,17 @@ fn an_acquire_lost_to_a_frozen_member_answers_in_time_and_leaves_no_ghost() {
         // the acquisition is first written on: the cluster's minimum, 2 s by
         // default, past the 1 s bound; plus etcd's half-second expiry sweep).
         let state = loop {
-            let s = cmd(&cwd, &direct)
-                .args(["status", &skill, "--repo", "o/r"])
-                .run();
-            s.expect(0, "status");
-            if s.json["state"] == "free" || answered.elapsed() > Duration::from_millis(3500) {
+            let s = lock(&cwd, &direct, &skill).status();
+            if s.state() == "free" || answered.elapsed() > Duration::from_millis(3500) {
                 break s;
             }
             std::thread::sleep(Duration::from_millis(100));
         };
         assert_eq!(
-            state.json["state"],
+            state.state(),
             "free",
-            "round {round}: {:?} after an acquire answered an error, the lock is held by a token nobody has: {}",
+            "round {round}: {:?} after an acquire answered an error, the lock is held by a token nobody has: {state:?}",
             answered.elapsed(),
-            state.stdout
         );
     }
 }
@@ -276,29 +253,22 @@ fn a_history_larger_than_one_message_is_read_in_pages() {
     let pfx = prefix(&env);
     let store = format!("etcd://{ep}{pfx}");
     let note = "n".repeat(1000);
-    let a = cmd(&cwd, &store)
-        .args([
-            "acquire", "big", "--repo", "o/r", "--ttl", "30", "--note", &note,
-        ])
-        .run();
-    a.expect(0, "acquired");
+    let big = lock(&cwd, &store, "big");
+    big.op("acquire").ttl(30).note(&note).reply().is("acquired");
     // 5,000 events of the longest note (about 6 MB, past tonic's 4 MiB
     // message limit), written straight into the store in batches through
     // etcd's JSON gateway; each a copy of the real one, numbered.
     let real = etcdctl(&ep, &["get", "--prefix", &format!("{pfx}history/")]);
     let b64 = base64::engine::general_purpose::STANDARD;
-    let template: Value = serde_json::from_slice(
-        &b64.decode(real["kvs"][0]["value"].as_str().unwrap())
-            .unwrap(),
-    )
-    .unwrap();
+    let value = real.pointer("/kvs/0/value").and_then(Value::as_str);
+    let template: Value = serde_json::from_slice(&b64.decode(value.unwrap()).unwrap()).unwrap();
     let total: usize = 5000;
     for batch in 0..total / 100 {
         let ops: Vec<Value> = (0..100)
             .map(|i| {
                 let n = batch * 100 + i;
                 let mut ev = template.clone();
-                ev["pid"] = Value::from(n);
+                *ev.pointer_mut("/pid").unwrap() = Value::from(n);
                 let key = format!(
                     "{pfx}history/{:020}-{n:016x}",
                     1_000_000_000_000_000_000u64 + n as u64
@@ -327,30 +297,24 @@ fn a_history_larger_than_one_message_is_read_in_pages() {
             "etcd's gateway refused a batch"
         );
     }
+    let slow = big.with_env("SKILL_LOCK_ETCD_TIMEOUT", "20");
     for (args, want) in [
-        (vec!["history", "big", "--repo", "o/r", "--limit", "3"], 3),
-        (vec!["history", "--limit", "100000"], total + 1),
-        (
-            vec!["history", "big", "--repo", "o/r", "--limit", "100000"],
-            total + 1,
-        ),
+        (slow.op("history").limit(3), 3),
+        (slow.store_op("history").limit(100_000), total + 1),
+        (slow.op("history").limit(100_000), total + 1),
     ] {
-        let h = cmd(&cwd, &store)
-            .env("SKILL_LOCK_ETCD_TIMEOUT", "20")
-            .args(&args)
-            .run();
-        h.expect(0, "history");
-        let events = h.json["events"].as_array().unwrap();
-        assert_eq!(events.len(), want, "{args:?}");
+        let h = args.expect(0, "history");
+        let events = h.events();
+        assert_eq!(events.len(), want, "{want}");
         // Newest last, in the order they were written: the last is the
         // last one planted, and the pids of the planted ones increase.
-        assert_eq!(events[events.len() - 1]["pid"], total - 1, "{args:?}");
-        let pids: Vec<u64> = events
+        assert_eq!(events[events.len() - 1].pid as usize, total - 1, "{want}");
+        let pids: Vec<u32> = events
             .iter()
             .skip(events.len() - want.min(3))
-            .filter_map(|e| e["pid"].as_u64())
+            .map(|e| e.pid)
             .collect();
-        assert!(pids.windows(2).all(|w| w[0] < w[1]), "{args:?}: {pids:?}");
+        assert!(pids.windows(2).all(|w| w[0] < w[1]), "{want}: {pids:?}");
     }
 }
 
@@ -359,34 +323,14 @@ fn git_history_with_a_limit_past_gits_range_answers_every_event() {
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
     let remote = common::gitd::bare_repo(&env.path("remote.git"));
-    let git = |c: Cmd| {
-        c.env(
-            "SKILL_LOCK_STORE",
-            format!("git:file://{}", remote.display()),
-        )
-        .env("SKILL_LOCK_GIT_CACHE", env.path("cache"))
-    };
+    let lim = lock(&cwd, &format!("git:file://{}", remote.display()), "lim")
+        .with_env("SKILL_LOCK_GIT_CACHE", env.path("cache"));
     for _ in 0..2 {
-        let a = git(Cmd::new(&cwd))
-            .args(["acquire", "lim", "--repo", "o/r", "--ttl", "60"])
-            .run();
-        a.expect(0, "acquired");
-        let token = a.json["token"].as_str().unwrap().to_owned();
-        git(Cmd::new(&cwd))
-            .args(["release", "lim", "--repo", "o/r", "--token", &token])
-            .run()
-            .expect(0, "released");
+        let a = lim.op("acquire").ttl(60).reply().is("acquired");
+        lim.release(a.token()).is("released");
     }
-    for limit in ["2147483647", "2147483648", "18446744073709551615"] {
-        let h = git(Cmd::new(&cwd))
-            .args(["history", "lim", "--repo", "o/r", "--limit", limit])
-            .run();
-        h.expect(0, "history");
-        assert_eq!(
-            h.json["events"].as_array().unwrap().len(),
-            4,
-            "--limit {limit}: {}",
-            h.stdout
-        );
+    for limit in [2_147_483_647, 2_147_483_648, u64::MAX] {
+        let h = lim.op("history").limit(limit).expect(0, "history");
+        assert_eq!(h.events().len(), 4, "--limit {limit}: {h:?}");
     }
 }

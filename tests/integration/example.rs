@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::common::verbs::Lock;
+
 const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
 const SKILL: &str = "example-sweep";
 const REPO: &str = "apache/example";
@@ -41,17 +43,9 @@ fn run_script(repo: &Path, posts: &Path) -> Output {
         .expect("run examples/write-phase.sh")
 }
 
-/// Runs the binary in `repo`; returns its exit status and its one JSON object.
-fn skill_lock(repo: &Path, args: &[&str]) -> (i32, serde_json::Value) {
-    let out = Command::new(BIN)
-        .args(args)
-        .current_dir(repo)
-        .env_remove("SKILL_LOCK_STORE")
-        .output()
-        .unwrap();
-    let json = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out:?}"));
-    (out.status.code().expect("exit status"), json)
+/// The example's lock, seen from `repo` (no store but the checkout's).
+fn example_lock(repo: &Path) -> Lock {
+    Lock::new(repo, SKILL, REPO)
 }
 
 fn describe(out: &Output) -> String {
@@ -80,27 +74,15 @@ fn write_phase_posts_three_times_and_releases() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("renewed"), "{}", describe(&out));
 
-    let (code, status) = skill_lock(&repo, &["status", SKILL, "--repo", REPO]);
-    assert_eq!(code, 0);
-    assert_eq!(status["state"], "free", "{status}");
+    assert_eq!(example_lock(&repo).state(), "free");
 }
 
 #[test]
 fn write_phase_stops_on_already_running_and_shows_the_holder() {
     let (dir, repo) = git_repo();
-    let (code, held) = skill_lock(
-        &repo,
-        &[
-            "acquire",
-            SKILL,
-            "--repo",
-            REPO,
-            "--note",
-            "the other run (pid 4242)",
-        ],
-    );
-    assert_eq!(code, 0, "{held}");
-    assert_eq!(held["result"], "acquired");
+    let lock = example_lock(&repo);
+    let held = lock.op("acquire").note("the other run (pid 4242)").reply();
+    let held = held.is("acquired");
 
     let posts = dir.path().join("posts.txt");
     let out = run_script(&repo, &posts);
@@ -115,7 +97,7 @@ fn write_phase_stops_on_already_running_and_shows_the_holder() {
         "holder note not shown\n{}",
         describe(&out)
     );
-    let started = held["started"].as_str().unwrap();
+    let started = held.started();
     assert!(
         stdout.contains(started),
         "holder.started not shown\n{}",
@@ -128,7 +110,7 @@ fn write_phase_stops_on_already_running_and_shows_the_holder() {
     );
 
     // The other run's lock is untouched: still held, same fence.
-    let (_, status) = skill_lock(&repo, &["status", SKILL, "--repo", REPO]);
-    assert_eq!(status["state"], "held", "{status}");
-    assert_eq!(status["holder"]["fence"], held["fence"], "{status}");
+    let status = lock.status();
+    assert_eq!(status.state(), "held", "{status:?}");
+    assert_eq!(Some(status.holder().fence), held.fence(), "{status:?}");
 }

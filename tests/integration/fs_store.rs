@@ -335,7 +335,10 @@ fn one_lock_whatever_the_spelling() {
     }
     assert!(!sub.join(".apache-magpie-local").exists());
     let l = Lock::new(&repo, "s", "o/r").list();
-    assert_eq!(l.lock_names(), [("Issue-Triage".into(), "Apache/Airflow".into())]);
+    assert_eq!(
+        l.lock_names(),
+        [("Issue-Triage".into(), "Apache/Airflow".into())]
+    );
     for bad in ["a__b/c", "a_/c", "./c", "a/..", "a/.git"] {
         Lock::new(&repo, "s", bad)
             .op("acquire")
@@ -523,7 +526,11 @@ fn a_takeover_whose_publish_fails_records_what_it_did() {
     out.expect_error("io");
     assert_eq!(state(&repo), "free");
     let history = lock(&repo).history();
-    assert_eq!(history.event_kinds(), ["acquired", "took_over"], "{history:?}");
+    assert_eq!(
+        history.event_kinds(),
+        ["acquired", "took_over"],
+        "{history:?}"
+    );
     let last = &history.events()[1];
     assert_eq!(last.fence, None, "no new fence was published: {last:?}");
     let reason = last.reason.as_deref().unwrap();
@@ -554,7 +561,11 @@ fn a_takeover_that_cannot_write_leaves_the_stale_lock_as_it_was() {
     assert_eq!(after.holder_opt(), before.holder_opt(), "{after:?}");
     assert_eq!(after.state(), before.state(), "{after:?}");
     let events = lock(&repo).history();
-    assert_eq!(events.events().len(), 1, "only the first acquire: {events:?}");
+    assert_eq!(
+        events.events().len(),
+        1,
+        "only the first acquire: {events:?}"
+    );
     let v = acquired(&repo);
     let took = v.took_over().and_then(|t| t.holder.as_ref());
     assert_eq!(took.map(|h| h.fence), Some(1), "{v:?}");
@@ -771,10 +782,16 @@ fn corrupt_record_is_stale_and_taken_over() {
     std::fs::write(dir.join("owner.json"), b"{\"half\": ").unwrap();
     let s = lock.status();
     assert_eq!((s.state(), s.stale_reason()), ("stale", Some("corrupt")));
-    assert_eq!(lock.list().locks()[0].stale_reason.as_deref(), Some("corrupt"));
+    assert_eq!(
+        lock.list().locks()[0].stale_reason.as_deref(),
+        Some("corrupt")
+    );
     let b = lock.acquire().is("acquired");
     let took = b.took_over().unwrap();
-    assert_eq!((took.reason.as_str(), took.holder.as_ref()), ("corrupt", None));
+    assert_eq!(
+        (took.reason.as_str(), took.holder.as_ref()),
+        ("corrupt", None)
+    );
     assert_eq!(b.fence(), Some(2));
 }
 
@@ -785,7 +802,10 @@ fn list_names_the_checkouts_store_and_reading_creates_nothing() {
     triage(&repo).acquire().is("acquired");
     let list = triage(&repo).list();
     assert_eq!(list.locks().len(), 1);
-    assert!(list.store().ends_with(".git/apache-magpie/run/locks"), "{list:?}");
+    assert!(
+        list.store().ends_with(".git/apache-magpie/run/locks"),
+        "{list:?}"
+    );
     // Read-only in a fresh checkout: creates nothing.
     let fresh = env.git_repo("fresh");
     let before = common::tree(&fresh);
@@ -814,7 +834,10 @@ fn list_is_sorted_by_skill_then_repo_across_many_locks() {
     }
     for (skill, repo_name) in &want {
         let lock = Lock::new(&repo, skill, repo_name);
-        lock.op("acquire").note("x".repeat(400)).reply().is("acquired");
+        lock.op("acquire")
+            .note("x".repeat(400))
+            .reply()
+            .is("acquired");
     }
     want.sort_by_key(|(s, r)| (s.to_ascii_lowercase(), r.to_ascii_lowercase()));
     let out = Lock::new(&repo, "a", "o/r").store_op("list").run();
@@ -830,7 +853,10 @@ fn file_store_url_and_environment_select_another_directory() {
     let elsewhere = env.dir("shared-locks");
     let nowhere = env.dir("no-root-needed");
     let url = format!("file:{}", elsewhere.display());
-    let a = Lock::new(&nowhere, "s", "o/r").op("acquire").store(&url).reply();
+    let a = Lock::new(&nowhere, "s", "o/r")
+        .op("acquire")
+        .store(&url)
+        .reply();
     let want = format!("{}/run/locks/", elsewhere.display());
     assert!(a.is("acquired").lock().starts_with(&want));
     let by_env = Lock::new(&nowhere, "s", "o/r").with_env("SKILL_LOCK_STORE", &url);

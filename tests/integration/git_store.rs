@@ -9,6 +9,7 @@
 use crate::common;
 
 use common::gitd::{Daemon, bare_repo};
+use common::verbs::{Lock, Reply};
 use common::{Cmd, TestEnv, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -49,12 +50,25 @@ impl Remote {
             .env("SKILL_LOCK_GIT_CACHE", &self.cache)
     }
 
-    /// As on another machine: a cache of its own.
-    fn cmd_on(&self, cwd: &Path, machine: usize) -> Cmd {
-        self.cmd(cwd).env(
+    /// The lock `skill` of `repo` in this remote, seen from `cwd`.
+    pub(crate) fn lock(&self, cwd: &Path, skill: &str, repo: &str) -> Lock {
+        Lock::new(cwd, skill, repo)
+            .with_env("SKILL_LOCK_STORE", &self.url)
+            .with_env("SKILL_LOCK_GIT_CACHE", &self.cache)
+    }
+
+    /// The lock `skill` of `repo` as machine `machine` (a cache of its own)
+    /// sees it.
+    fn lock_as(&self, machine: usize, cwd: &Path, skill: &str, repo: &str) -> Lock {
+        self.lock(cwd, skill, repo).with_env(
             "SKILL_LOCK_GIT_CACHE",
             self.cache.with_extension(machine.to_string()),
         )
+    }
+
+    /// The lock `s` of `o/r` as machine `machine` sees it.
+    fn lock_on(&self, cwd: &Path, machine: usize) -> Lock {
+        self.lock_as(machine, cwd, "s", "o/r")
     }
 }
 
@@ -74,9 +88,10 @@ fn race(remote: &Remote, cwd: &Path, n: usize) -> Vec<common::Out> {
     // Four "machines", four processes each: fetches and cache creation race too.
     let kids: Vec<_> = (0..n)
         .map(|i| {
-            remote
-                .cmd_on(cwd, i % 4)
-                .args(["acquire", "race", "--repo", "o/r", "--ttl", "60"])
+            race_lock(remote, cwd, i % 4)
+                .op("acquire")
+                .ttl(60)
+                .cmd()
                 .command()
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -89,7 +104,12 @@ fn race(remote: &Remote, cwd: &Path, n: usize) -> Vec<common::Out> {
         .collect()
 }
 
-fn one_winner(outs: &[common::Out], what: &str) -> Value {
+/// The lock `race` of `o/r` as machine `machine` sees it.
+fn race_lock(remote: &Remote, cwd: &Path, machine: usize) -> Lock {
+    remote.lock_as(machine, cwd, "race", "o/r")
+}
+
+fn one_winner(outs: &[common::Out], what: &str) -> Reply {
     let winners: Vec<&common::Out> = outs.iter().filter(|o| o.code == 0).collect();
     assert_eq!(
         winners.len(),
@@ -102,7 +122,7 @@ fn one_winner(outs: &[common::Out], what: &str) -> Value {
     for o in outs.iter().filter(|o| o.code != 0) {
         o.expect(3, "already_running");
     }
-    winners[0].json.clone()
+    winners[0].reply().is("acquired")
 }
 
 #[test]
@@ -112,21 +132,15 @@ fn sixteen_racers_on_a_free_and_on_a_stale_lock_one_winner_each() {
         let cwd = env.dir("w");
         let remote = make(&env);
         let first = one_winner(&race(&remote, &cwd, 16), &remote.url);
-        assert!(first["took_over"].is_null());
+        assert!(first.took_over().is_none());
         // Make it stale: a 1 s lease, renewed by its own token, then let it run out.
-        remote
-            .cmd_on(&cwd, 9)
-            .args(["renew", "race", "--repo", "o/r", "--ttl", "1"])
-            .args(["--token", first["token"].as_str().unwrap()])
-            .run()
-            .expect(0, "renewed");
+        let renew = race_lock(&remote, &cwd, 9).op("renew").ttl(1);
+        renew.token(first.token()).expect(0, "renewed");
         std::thread::sleep(Duration::from_millis(2100));
         let second = one_winner(&race(&remote, &cwd, 16), &remote.url);
-        assert_eq!(second["took_over"]["reason"], "expired", "{}", remote.url);
-        assert_eq!(
-            second["fence"].as_u64(),
-            first["fence"].as_u64().map(|f| f + 1)
-        );
+        let took = second.took_over().map(|t| t.reason.as_str());
+        assert_eq!(took, Some("expired"), "{}", remote.url);
+        assert_eq!(second.fence(), first.fence().map(|f| f + 1));
     }
 }
 
@@ -148,26 +162,17 @@ fn witnessed_loop_never_overlaps_and_fences_strictly_increase() {
             );
             std::thread::spawn(move || {
                 for _ in 0..5 {
-                    let a = remote
-                        .cmd_on(&cwd, w)
-                        .args(["acquire", "loop", "--repo", "o/r", "--ttl", "60"])
-                        .args(["--wait", "60"])
-                        .run();
-                    let a = a.expect(0, "acquired");
-                    let me = format!("worker {w} fence {}", a["fence"]);
+                    let lock = remote.lock_as(w, &cwd, "loop", "o/r");
+                    let a = lock.op("acquire").ttl(60).wait(60).expect(0, "acquired");
+                    let me = format!("worker {w} fence {}", a.must_fence());
                     let before = std::fs::read_to_string(&witness).unwrap();
                     assert_eq!(before, "", "{me} entered while {before} held it");
                     std::fs::write(&witness, &me).unwrap();
-                    fences.lock().unwrap().push(a["fence"].as_u64().unwrap());
+                    fences.lock().unwrap().push(a.must_fence());
                     std::thread::sleep(Duration::from_millis(30));
                     assert_eq!(std::fs::read_to_string(&witness).unwrap(), me);
                     std::fs::write(&witness, "").unwrap();
-                    remote
-                        .cmd_on(&cwd, w)
-                        .args(["release", "loop", "--repo", "o/r", "--token"])
-                        .arg(a["token"].as_str().unwrap())
-                        .run()
-                        .expect(0, "released");
+                    lock.release(a.token()).is("released");
                 }
             })
         })
@@ -182,19 +187,17 @@ fn witnessed_loop_never_overlaps_and_fences_strictly_increase() {
         "fences in the order the lock was held: {fences:?}"
     );
     // The history is the ref's log: every acquisition and release is there.
-    let h = remote
-        .cmd(&cwd)
-        .args(["history", "loop", "--repo", "o/r", "--limit", "100"])
-        .run();
-    let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
-    let acquired: Vec<u64> = events
+    let h = remote.lock(&cwd, "loop", "o/r").op("history").limit(100);
+    let h = h.expect(0, "history");
+    let acquired: Vec<u64> = h
+        .events()
         .iter()
-        .filter(|e| e["event"] == "acquired")
-        .map(|e| e["fence"].as_u64().unwrap())
+        .filter(|e| e.event == "acquired")
+        .map(|e| e.fence.unwrap())
         .collect();
     assert_eq!(acquired, *fences);
     assert_eq!(
-        events.iter().filter(|e| e["event"] == "released").count(),
+        h.event_kinds().iter().filter(|k| **k == "released").count(),
         20
     );
 }
@@ -213,24 +216,14 @@ fn two_clones_contend_through_origin_and_plain_clones_never_see_lock_refs() {
     let ci = clone("ci");
     let cache = env.path("cache");
     let at = |dir: &Path| {
-        Cmd::new(dir)
-            .env("SKILL_LOCK_STORE", "git:origin")
-            .env("SKILL_LOCK_GIT_CACHE", &cache)
+        Lock::new(dir, "issue-triage", "apache/airflow")
+            .with_env("SKILL_LOCK_STORE", "git:origin")
+            .with_env("SKILL_LOCK_GIT_CACHE", &cache)
     };
-    let a = at(&laptop)
-        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
-        .run();
-    let a = a.expect(0, "acquired").clone();
-    let other = at(&ci)
-        .env("SKILL_LOCK_HOST", "ci-runner")
-        .args(["acquire", "issue-triage", "--repo", "apache/airflow"])
-        .run();
-    let other = other.expect(3, "already_running");
-    assert_eq!(other["holder"]["fence"], a["fence"]);
-    assert!(
-        other["hint"].as_str().unwrap().contains("git:origin"),
-        "{other}"
-    );
+    let a = at(&laptop).acquire().is("acquired");
+    let other = at(&ci).on_host("ci-runner").acquire().is("already_running");
+    assert_eq!(Some(other.holder().fence), a.fence());
+    assert!(other.hint().contains("git:origin"), "{other:?}");
     // The lock is on the shared remote...
     let remote_refs = git_out(&env.root, &["ls-remote", origin.to_str().unwrap()]);
     assert!(
@@ -247,11 +240,7 @@ fn two_clones_contend_through_origin_and_plain_clones_never_see_lock_refs() {
     }
     // Nothing was written into either checkout.
     assert!(!laptop.join(".git/apache-magpie").exists());
-    at(&ci)
-        .args(["release", "issue-triage", "--repo", "apache/airflow"])
-        .args(["--token", a["token"].as_str().unwrap()])
-        .run()
-        .expect(0, "released");
+    at(&ci).release(a.token()).is("released");
 }
 
 /// Pushes a lock state written by "another host" straight to the remote.
@@ -287,7 +276,14 @@ pub(crate) fn plant(remote_dir: &Path, lock: &str, state: &Value) {
     );
 }
 
+/// A lock state "another host" wrote (`laptop`, owner pid 4242, fence 41),
+/// its lease ended `expires_ago` seconds ago (negative: still to come).
 pub(crate) fn foreign_state(expires_ago: i64) -> Value {
+    foreign_state_of(expires_ago, "laptop", 4242)
+}
+
+/// As [`foreign_state`], recorded by `host` for the owner `owner_pid`.
+pub(crate) fn foreign_state_of(expires_ago: i64, host: &str, owner_pid: u32) -> Value {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -304,7 +300,7 @@ pub(crate) fn foreign_state(expires_ago: i64) -> Value {
         "record": {
             "skill": "s", "repo": "o/r", "started": t(now - 600),
             "expires": t(now - expires_ago), "renewed": null, "ttl": 600,
-            "note": "laptop", "host": "laptop", "owner_pid": 4242, "fence": 41,
+            "note": "laptop", "host": host, "owner_pid": owner_pid, "fence": 41,
             "boot_id": "another-machine-boot", "owner_start": 1,
             "deadline_boot_ms": 5, "format": 1,
             "token_sha256": "0".repeat(64)
@@ -320,39 +316,30 @@ fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance
     let dir = env.path("remote.git");
     plant(&dir, "s@o__r", &foreign_state(5));
     // Expired 5 s ago by this clock, inside the 30 s allowance: still held.
-    let held = remote
-        .cmd(&cwd)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let held = held.expect(3, "already_running");
-    let left = held["expires_in"].as_u64().unwrap();
-    assert!((20..=26).contains(&left), "{held}");
-    assert_eq!(held["clock_skew"], 30, "the allowance is reported");
-    let s = remote
-        .cmd(&cwd)
-        .args(["status", "s", "--repo", "o/r"])
-        .run();
-    assert_eq!(s.expect(0, "status")["state"], "held");
+    let lock = remote.lock(&cwd, "s", "o/r");
+    let held = lock.acquire().is("already_running");
+    let left = held.expires_in().unwrap();
+    assert!((20..=26).contains(&left), "{held:?}");
+    assert_eq!(held.clock_skew(), Some(30), "the allowance is reported");
+    let s = lock.status();
+    assert_eq!(s.state(), "held");
     // Its pid is another machine's: never looked up here.
-    assert_ne!(s.json["stale_reason"], "owner_dead");
+    assert_ne!(s.stale_reason(), Some("owner_dead"));
     // A smaller allowance lets it go, and the fence continues from the record.
-    let took = remote
-        .cmd(&cwd)
-        .env("SKILL_LOCK_CLOCK_SKEW", "2")
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let took = took.expect(0, "acquired");
-    assert_eq!(took["took_over"]["reason"], "expired");
-    assert_eq!(took["clock_skew"], 2);
-    assert_eq!(took["took_over"]["holder"]["note"], "laptop");
-    assert_eq!(took["fence"], 42);
+    let took = lock.op("acquire").env("SKILL_LOCK_CLOCK_SKEW", "2").reply();
+    let took = took.is("acquired");
+    let over = took.took_over().unwrap();
+    assert_eq!(over.reason, "expired");
+    assert_eq!(took.clock_skew(), Some(2));
+    assert_eq!(
+        over.holder.as_ref().unwrap().note.as_deref(),
+        Some("laptop")
+    );
+    assert_eq!(took.fence(), Some(42));
     // Past the default allowance, the default takes over too.
     plant(&dir, "s@o__r", &foreign_state(31));
-    let took = remote
-        .cmd(&cwd)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    assert_eq!(took.expect(0, "acquired")["took_over"]["reason"], "expired");
+    let took = lock.acquire().is("acquired");
+    assert_eq!(took.took_over().unwrap().reason, "expired");
 }
 
 #[test]
@@ -362,12 +349,8 @@ fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
     let remote = Remote::file(&env);
     let dir = env.path("remote.git");
     plant(&dir, "s@o__r", &foreign_state(100));
-    let first = remote
-        .cmd(&cwd)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let first = first.expect(0, "acquired").clone();
-    assert_eq!(first["fence"], 42);
+    let lock = remote.lock(&cwd, "s", "o/r");
+    assert_eq!(lock.acquire().is("acquired").fence(), Some(42));
     // An admin pushes junk on top of it (a commit whose lock.json is not a state).
     let tmp = env.path("junk");
     git_out(
@@ -402,18 +385,14 @@ fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
             &format!("{}:refs/skill-lock/s@o__r", junk.trim()),
         ],
     );
-    let s = remote
-        .cmd(&cwd)
-        .args(["status", "s", "--repo", "o/r"])
-        .run();
-    assert_eq!(s.expect(0, "status")["stale_reason"], "corrupt");
-    let again = remote
-        .cmd(&cwd)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let again = again.expect(0, "acquired");
-    assert_eq!(again["took_over"]["reason"], "corrupt");
-    assert_eq!(again["fence"], 43, "a fence above every readable state");
+    assert_eq!(lock.status().stale_reason(), Some("corrupt"));
+    let again = lock.acquire().is("acquired");
+    assert_eq!(again.took_over().unwrap().reason, "corrupt");
+    assert_eq!(
+        again.fence(),
+        Some(43),
+        "a fence above every readable state"
+    );
 }
 
 #[test]
@@ -431,21 +410,16 @@ fn a_push_whose_answer_never_comes_but_that_landed_reports_acquired() {
         .status()
         .unwrap();
     let start = Instant::now();
-    let a = remote
-        .cmd(&cwd)
+    let lock = remote.lock(&cwd, "s", "o/r");
+    let a = lock
+        .op("acquire")
         .env("SKILL_LOCK_GIT_TIMEOUT", "3")
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
+        .reply();
     let took = start.elapsed();
-    let a = a.expect(0, "acquired").clone();
+    a.token();
     assert!(took < Duration::from_secs(5), "took {took:?}");
     std::fs::remove_file(&hook).unwrap();
-    let c = remote
-        .cmd(&cwd)
-        .args(["check", "s", "--repo", "o/r", "--token"])
-        .arg(a["token"].as_str().unwrap())
-        .run();
-    c.expect(0, "held");
+    lock.check(a.token()).is("held");
 }
 
 #[test]
@@ -476,14 +450,14 @@ fn a_remote_that_hangs_or_refuses_is_store_unavailable_within_the_bound() {
         ),
     ] {
         let start = Instant::now();
-        let out = Cmd::new(&cwd)
-            .env("SKILL_LOCK_STORE", &url)
-            .env("SKILL_LOCK_GIT_CACHE", env.path("cache"))
-            .env("SKILL_LOCK_GIT_TIMEOUT", bound.to_string())
-            .args(["acquire", "s", "--repo", "o/r"])
+        let out = Lock::new(&cwd, "s", "o/r")
+            .with_env("SKILL_LOCK_STORE", &url)
+            .with_env("SKILL_LOCK_GIT_CACHE", env.path("cache"))
+            .with_env("SKILL_LOCK_GIT_TIMEOUT", bound.to_string())
+            .op("acquire")
             .run();
         let took = start.elapsed();
-        let e = out.expect_error("store_unavailable");
+        let message = out.error_message("store_unavailable");
         assert!(
             !out.stdout.contains("s3cret") && !out.stderr.contains("s3cret"),
             "a credential was printed: {}",
@@ -493,23 +467,17 @@ fn a_remote_that_hangs_or_refuses_is_store_unavailable_within_the_bound() {
             took < Duration::from_secs_f64(bound + 2.0),
             "{url}: took {took:?}"
         );
-        assert!(
-            e["message"]
-                .as_str()
-                .unwrap()
-                .contains("SKILL_LOCK_GIT_TIMEOUT"),
-            "{e}"
-        );
+        assert!(message.contains("SKILL_LOCK_GIT_TIMEOUT"), "{message}");
     }
     // Default bound: 10 s.
     let start = Instant::now();
-    Cmd::new(&cwd)
-        .env(
+    Lock::new(&cwd, "s", "o/r")
+        .with_env(
             "SKILL_LOCK_STORE",
             format!("git:git://127.0.0.1:{port}/x.git"),
         )
-        .env("SKILL_LOCK_GIT_CACHE", env.path("cache"))
-        .args(["status", "s", "--repo", "o/r"])
+        .with_env("SKILL_LOCK_GIT_CACHE", env.path("cache"))
+        .op("status")
         .run()
         .expect_error("store_unavailable");
     let took = start.elapsed();
@@ -524,11 +492,8 @@ fn a_bad_store_url_is_a_usage_error() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
     for url in ["git:", "git:origin", "git:/x#bad@ns"] {
-        Cmd::new(&cwd)
-            .env("SKILL_LOCK_STORE", url)
-            .args(["status", "s", "--repo", "o/r"])
-            .run()
-            .expect_error("usage");
+        let lock = Lock::new(&cwd, "s", "o/r").with_env("SKILL_LOCK_STORE", url);
+        lock.op("status").run().expect_error("usage");
     }
 }
 
@@ -537,63 +502,22 @@ fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() 
     let env = TestEnv::new();
     let cwd = env.dir("w");
     let remote = Remote::daemon(&env);
-    let mine = remote
-        .cmd_on(&cwd, 1)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let mine = mine.expect(0, "acquired").clone();
-    let t = mine["token"].as_str().unwrap().to_owned();
+    let (one, two) = (remote.lock_on(&cwd, 1), remote.lock_on(&cwd, 2));
+    let mine = one.acquire().is("acquired");
+    let t = mine.token();
     // Another machine forces it away and takes it.
-    remote
-        .cmd_on(&cwd, 2)
-        .args(["release", "s", "--repo", "o/r", "--force"])
-        .run()
-        .expect(0, "released");
-    let theirs = remote
-        .cmd_on(&cwd, 2)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let theirs = theirs.expect(0, "acquired").clone();
+    two.force_release().is("released");
+    let theirs = two.acquire().is("acquired");
     // This machine still remembers its own commit as the tip: no effect.
-    let r = remote
-        .cmd_on(&cwd, 1)
-        .args(["renew", "s", "--repo", "o/r", "--token", &t])
-        .run();
-    assert_eq!(r.expect(4, "not_owner")["holder"]["fence"], theirs["fence"]);
-    remote
-        .cmd_on(&cwd, 1)
-        .args(["release", "s", "--repo", "o/r", "--token", &t])
-        .run()
-        .expect(4, "refused");
-    remote
-        .cmd_on(&cwd, 1)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run()
-        .expect(3, "already_running");
-    remote
-        .cmd_on(&cwd, 2)
-        .args(["check", "s", "--repo", "o/r", "--token"])
-        .arg(theirs["token"].as_str().unwrap())
-        .run()
-        .expect(0, "held");
+    let r = one.renew(t).is("not_owner");
+    assert_eq!(Some(r.holder().fence), theirs.fence());
+    one.release(t).is("refused");
+    one.acquire().is("already_running");
+    two.check(theirs.token()).is("held");
     // The holder's own renew and release still work (and use what it wrote).
-    remote
-        .cmd_on(&cwd, 2)
-        .args(["renew", "s", "--repo", "o/r", "--token"])
-        .arg(theirs["token"].as_str().unwrap())
-        .run()
-        .expect(0, "renewed");
-    remote
-        .cmd_on(&cwd, 2)
-        .args(["release", "s", "--repo", "o/r", "--token"])
-        .arg(theirs["token"].as_str().unwrap())
-        .run()
-        .expect(0, "released");
-    let again = remote
-        .cmd_on(&cwd, 1)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    assert!(again.expect(0, "acquired")["fence"].as_u64() > theirs["fence"].as_u64());
+    two.renew(theirs.token()).is("renewed");
+    two.release(theirs.token()).is("released");
+    assert!(one.acquire().is("acquired").fence() > theirs.fence());
 }
 
 #[test]
@@ -604,19 +528,12 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     let dir = env.path("remote.git");
     let mut fences = Vec::new();
     // 13 acquire/release cycles, 26 commits, chains of 2: 12 roll-overs.
+    let shallow = remote
+        .lock(&cwd, "s", "o/r")
+        .with_env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2");
     for _ in 0..13 {
-        let a = remote
-            .cmd(&cwd)
-            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
-            .args(["acquire", "s", "--repo", "o/r"])
-            .run();
-        fences.push(a.expect(0, "acquired")["fence"].as_u64().unwrap());
-        remote
-            .cmd(&cwd)
-            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
-            .args(["release", "s", "--repo", "o/r"])
-            .run()
-            .expect(0, "released");
+        fences.push(shallow.acquire().is("acquired").must_fence());
+        shallow.op("release").expect(0, "released");
     }
     assert_eq!(
         fences,
@@ -645,38 +562,23 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     }
     // history reads the live chain and the ten archived ones, oldest first:
     // the 22 newest of the 26 events.
-    let h = remote
-        .cmd(&cwd)
-        .args(["history", "s", "--repo", "o/r", "--limit", "100"])
-        .run();
-    let events = h.expect(0, "history")["events"].as_array().unwrap().clone();
-    let seq: Vec<(String, u64)> = events
+    let h = remote.lock(&cwd, "s", "o/r").op("history").limit(100);
+    let h = h.expect(0, "history");
+    let seq: Vec<(String, u64)> = h
+        .events()
         .iter()
-        .map(|e| {
-            (
-                e["event"].as_str().unwrap().to_owned(),
-                e["fence"].as_u64().unwrap(),
-            )
-        })
+        .map(|e| (e.event.clone(), e.fence.unwrap()))
         .collect();
     let want: Vec<(String, u64)> = (3..=13)
         .flat_map(|f| [("acquired".to_owned(), f), ("released".to_owned(), f)])
         .collect();
     assert_eq!(seq, want);
     // A fresh cache (another machine) reads the same history.
-    let other = remote
-        .cmd_on(&cwd, 5)
-        .args(["history", "--limit", "3"])
-        .run();
-    let e = other.expect(0, "history")["events"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let other = remote.lock_on(&cwd, 5).store_op("history").limit(3);
+    let other = other.expect(0, "history");
+    let e = other.events();
     assert_eq!(e.len(), 3);
-    assert_eq!(
-        (e[0]["fence"].as_u64(), e[2]["fence"].as_u64()),
-        (Some(12), Some(13))
-    );
+    assert_eq!((e[0].fence, e[2].fence), (Some(12), Some(13)));
 }
 
 #[test]
@@ -696,25 +598,17 @@ fn a_remote_that_refuses_lock_refs_says_so_at_once() {
         .status()
         .unwrap();
     let start = Instant::now();
-    let out = remote
-        .cmd(&cwd)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let e = out.expect_error("store_unavailable");
+    let lock = remote.lock(&cwd, "s", "o/r");
+    let m = lock.op("acquire").run().error_message("store_unavailable");
     assert!(
         start.elapsed() < Duration::from_secs(5),
         "{:?}",
         start.elapsed()
     );
-    let m = e["message"].as_str().unwrap();
     assert!(m.contains("refused") && m.contains("pre-receive"), "{m}");
     // Nothing was taken.
     std::fs::remove_file(&hook).unwrap();
-    let s = remote
-        .cmd(&cwd)
-        .args(["status", "s", "--repo", "o/r"])
-        .run();
-    assert_eq!(s.expect(0, "status")["state"], "free");
+    assert_eq!(lock.state(), "free");
 }
 
 #[test]
@@ -727,30 +621,20 @@ fn a_pid_recorded_by_another_machine_with_our_hostname_is_never_judged() {
     let mut child = Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
-    let mut state = foreign_state(-600); // expires in 10 minutes
-    state["record"]["host"] = "runner".into();
-    state["record"]["owner_pid"] = dead.into();
+    let state = foreign_state_of(-600, "runner", dead); // expires in 10 minutes
     plant(&env.path("remote.git"), "s@o__r", &state);
-    let here = |c: Cmd| c.env("SKILL_LOCK_HOST", "runner");
-    let s = here(remote.cmd(&cwd))
-        .args(["status", "s", "--repo", "o/r"])
-        .run();
-    assert_eq!(s.expect(0, "status")["state"], "held", "{}", s.stdout);
-    here(remote.cmd(&cwd))
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run()
-        .expect(3, "already_running");
+    let here = remote.lock(&cwd, "s", "o/r").on_host("runner");
+    let s = here.status();
+    assert_eq!(s.state(), "held", "{s:?}");
+    here.acquire().is("already_running");
     // A renewal by another run keeps the recorded owner pid.
-    here(remote.cmd(&cwd))
-        .args(["renew", "s", "--repo", "o/r"])
-        .run()
-        .expect(0, "renewed");
+    here.op("renew").expect(0, "renewed");
     let tip = git_out(
         &env.path("remote.git"),
         &["show", "refs/skill-lock/s@o__r:lock.json"],
     );
     let tip: Value = serde_json::from_str(&tip).unwrap();
-    assert_eq!(tip["record"]["owner_pid"], dead);
+    assert_eq!(tip.pointer("/record/owner_pid"), Some(&dead.into()));
 }
 
 #[test]
@@ -780,19 +664,12 @@ fn a_server_without_atomic_pushes_still_rolls_over() {
         &env.path("remote.git"),
         &["config", "receive.advertiseAtomic", "false"],
     );
+    let shallow = remote
+        .lock(&cwd, "s", "o/r")
+        .with_env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2");
     for f in 1..=4u64 {
-        let a = remote
-            .cmd(&cwd)
-            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
-            .args(["acquire", "s", "--repo", "o/r"])
-            .run();
-        assert_eq!(a.expect(0, "acquired")["fence"], f);
-        remote
-            .cmd(&cwd)
-            .env("SKILL_LOCK_GIT_HISTORY_DEPTH", "2")
-            .args(["release", "s", "--repo", "o/r"])
-            .run()
-            .expect(0, "released");
+        assert_eq!(shallow.acquire().is("acquired").fence(), Some(f));
+        shallow.op("release").expect(0, "released");
     }
     let archives = git_out(
         &env.path("remote.git"),

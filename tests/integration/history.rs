@@ -87,7 +87,10 @@ fn concurrent_writers_leave_a_complete_well_formed_history() {
     }
 
     // The command shows the same, oldest first, limited to the newest N.
-    let h = Lock::new(&repo, "sweep", "O/Even").op("history").limit(4).reply();
+    let h = Lock::new(&repo, "sweep", "O/Even")
+        .op("history")
+        .limit(4)
+        .reply();
     let shown = h.events();
     assert_eq!(shown.len(), 4);
     let even: Vec<&HistoryEvent> = events
@@ -123,11 +126,17 @@ fn history_tells_who_held_it() {
         ]
     );
     let ev = h.events();
-    assert_eq!((ev[0].fence, ev[0].note.as_deref()), (Some(1), Some("first")));
+    assert_eq!(
+        (ev[0].fence, ev[0].note.as_deref()),
+        (Some(1), Some("first"))
+    );
     assert_eq!(ev[1].reason.as_deref(), Some("expired"));
     let previous = ev[1].previous.as_ref().unwrap();
     assert_eq!(previous.note.as_deref(), Some("first"));
-    assert_eq!((ev[2].fence, ev[2].note.as_deref()), (Some(2), Some("second")));
+    assert_eq!(
+        (ev[2].fence, ev[2].note.as_deref()),
+        (Some(2), Some("second"))
+    );
     assert_eq!(ev[5].previous.as_ref().map(|p| p.fence), Some(2));
     let all = lock.store_op("history").limit(2).reply();
     assert_eq!(all.events().len(), 2);

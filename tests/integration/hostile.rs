@@ -12,14 +12,14 @@
 //! Covers: SPEC §2, §5, §7, §8.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{Out, TestEnv, Value, git};
+use crate::common::verbs::{Call, Lock, Reply, try_reply};
+use crate::common::{Out, TestEnv, git};
 
 const NAME: &str = "s@o__r";
 
@@ -61,38 +61,30 @@ impl World {
         self.layer.join("run")
     }
 
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = self.env.cmd(&self.repo).args(args).command();
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
+    /// The lock `s` of `o/r`, from the checkout.
+    fn lock(&self) -> Lock {
+        Lock::new(&self.repo, "s", "o/r")
     }
 
-    fn run(&self, args: &[&str]) -> Out {
-        self.run_with(args, &[])
+    /// `verb` on the lock, from the checkout.
+    fn op(&self, verb: &str) -> Call {
+        self.lock().op(verb)
     }
 
-    /// Runs the binary in the checkout with `vars` set.
-    fn run_with(&self, args: &[&str], vars: &[(&str, &OsStr)]) -> Out {
-        self.run_in(&self.repo, args, vars)
-    }
-
-    fn run_in(&self, cwd: &Path, args: &[&str], vars: &[(&str, &OsStr)]) -> Out {
-        let mut c = self.env.cmd(cwd).args(args);
-        for (k, v) in vars {
-            c = c.env(k, v);
-        }
-        Out::from(c.command().output().unwrap())
-    }
-
+    /// Acquires the lock for 60 s: its token.
     fn acquire(&self) -> String {
-        let out = self.run(&["acquire", "s", "--repo", "o/r", "--ttl", "60"]);
-        out.expect(0, "acquired")["token"]
-            .as_str()
-            .unwrap()
-            .to_owned()
+        let a = self.op("acquire").ttl(60).reply().is("acquired");
+        a.token().to_owned()
     }
+}
+
+/// `call`'s command, its output read by the test (for [`run_bounded`]).
+fn piped(call: Call) -> Command {
+    let mut c = call.cmd().command();
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
 }
 
 /// Every entry below `dir`: its kind, mode, size and content, links not followed.
@@ -161,15 +153,10 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Option<Out> {
     })
 }
 
-/// The one JSON object of an invocation (`run` prints it last on stderr).
-fn one_object(out: &Out, on_stderr: bool) -> Option<Value> {
-    if on_stderr {
-        let last = out.stderr.lines().last()?;
-        return serde_json::from_str::<Value>(last)
-            .ok()
-            .filter(|v| v["result"].is_string());
-    }
-    Some(out.json.clone()).filter(|v| v["result"].is_string())
+/// The one JSON object of an invocation (`run` prints it last on stderr),
+/// read typed.
+fn one_object(out: &Out, on_stderr: bool) -> Option<Reply> {
+    try_reply(out, on_stderr)
 }
 
 // ---------------------------------------------------------------------------
@@ -186,32 +173,20 @@ fn a_planted_tombs_link_deletes_nothing_outside_the_layer() {
     std::fs::remove_dir_all(&tombs).unwrap();
     // ../../.. from run/tombs is the folder holding the checkout and the decoy.
     symlink("../../..", &tombs).unwrap();
-    let out = w.run(&["release", "s", "--repo", "o/r", "--token", &token]);
+    let out = w.lock().op("release").token(&token).run();
     assert!(
         one_object(&out, false).is_some(),
         "{} {}",
         out.stdout,
         out.stderr
     );
-    assert_eq!(
-        out.json["error"], "io",
-        "the link is refused: {}",
-        out.stdout
-    );
-    assert!(
-        out.json["message"]
-            .as_str()
-            .unwrap()
-            .contains("symbolic link"),
-        "{}",
-        out.stdout
-    );
+    let message = out.error_message("io");
+    assert!(message.contains("symbolic link"), "{}", out.stdout);
     assert_eq!(fingerprint(&w.decoy), before, "the decoy tree changed");
     assert!(w.repo.join(".apache-magpie.lock").exists());
     // The lock is still held and released once the link is gone.
     std::fs::remove_file(&tombs).unwrap();
-    w.run(&["release", "s", "--repo", "o/r", "--token", &token])
-        .expect(0, "released");
+    w.lock().release(&token).is("released");
 }
 
 /// Links planted where the store writes its temporaries, guard and history:
@@ -220,8 +195,7 @@ fn a_planted_tombs_link_deletes_nothing_outside_the_layer() {
 fn planted_links_at_write_paths_overwrite_and_create_nothing_outside() {
     let w = World::new();
     let token = w.acquire();
-    w.run(&["release", "s", "--repo", "o/r", "--token", &token])
-        .expect(0, "released");
+    w.lock().release(&token).is("released");
     let run = w.run_dir();
     let targets = [
         (format!("keys/{NAME}.fence.tmp"), "file.txt"),
@@ -235,22 +209,19 @@ fn planted_links_at_write_paths_overwrite_and_create_nothing_outside() {
         symlink(w.decoy.join(to), &p).unwrap();
     }
     let before = fingerprint(&w.decoy);
-    let out = w.run(&["acquire", "s", "--repo", "o/r"]);
+    let out = w.op("acquire").run();
     assert!(one_object(&out, false).is_some(), "{}", out.stdout);
     assert_eq!(fingerprint(&w.decoy), before, "{}", out.stdout);
     assert!(!w.decoy.join("never-created").exists());
     // Only the guard is essential: with it planted the change is refused
     // (nothing acquired); the others are replaced or skipped.
-    assert_eq!(out.json["error"], "io", "{}", out.stdout);
+    out.expect_error("io");
     std::fs::remove_file(run.join(format!("keys/{NAME}.guard"))).unwrap();
-    let out = w.run(&["acquire", "s", "--repo", "o/r"]);
-    out.expect(0, "acquired");
+    let a = w.lock().acquire().is("acquired");
     // A record temporary planted inside the lock: renew replaces the link, not its target.
     let tmp = run.join(format!("locks/{NAME}.lock/owner.json.tmp"));
     symlink(w.decoy.join("file.txt"), &tmp).unwrap();
-    let token = out.json["token"].as_str().unwrap().to_owned();
-    w.run(&["renew", "s", "--repo", "o/r", "--token", &token])
-        .expect(0, "renewed");
+    w.lock().renew(a.token()).is("renewed");
     assert_eq!(fingerprint(&w.decoy), before);
 }
 
@@ -280,14 +251,15 @@ fn fifos_and_endless_files_never_hang_a_command() {
             // SAFETY: a valid C string.
             assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         }
-        for args in [
-            &["acquire", "s", "--repo", "o/r"][..],
-            &["status", "s", "--repo", "o/r"],
-            &["history"],
-            &["list"],
+        for call in [
+            w.op("acquire"),
+            w.op("status"),
+            w.lock().store_op("history"),
+            w.lock().store_op("list"),
         ] {
+            let args = call.verb().to_owned();
             let start = Instant::now();
-            let out = run_bounded(w.cmd(args), Duration::from_secs(11))
+            let out = run_bounded(piped(call), Duration::from_secs(11))
                 .unwrap_or_else(|| panic!("{args:?} with {what} at {at} hung"));
             assert!(start.elapsed() < Duration::from_secs(5), "{args:?} {at}");
             assert!(
@@ -299,8 +271,7 @@ fn fifos_and_endless_files_never_hang_a_command() {
         }
         if at.contains("history") {
             // The lock works; only its history is refused (SPEC §2.8).
-            let st = w.run(&["status", "s", "--repo", "o/r"]);
-            assert_eq!(st.json["state"], "held", "{}", st.stdout);
+            assert_eq!(w.lock().state(), "held");
         }
     }
 }
@@ -325,16 +296,11 @@ fn a_config_or_remote_that_is_an_option_runs_nothing() {
             format!("store = {url:?}\n"),
         )
         .unwrap();
-        let out = w.run(&["status", "s", "--repo", "o/r"]);
-        out.expect_error("usage");
+        w.op("status").run().expect_error("usage");
         // The same value from --store and the environment is refused alike.
-        w.run(&["status", "s", "--repo", "o/r", "--store", url])
-            .expect_error("usage");
-        w.run_with(
-            &["status", "s", "--repo", "o/r"],
-            &[("SKILL_LOCK_STORE", url.as_ref())],
-        )
-        .expect_error("usage");
+        w.op("status").store(url).run().expect_error("usage");
+        let by_env = w.op("status").env("SKILL_LOCK_STORE", url);
+        by_env.run().expect_error("usage");
     }
     std::fs::remove_file(w.layer.join("skill-lock.toml")).unwrap();
     // A remote of a (shared) checkout whose URL is an option or runs a command.
@@ -344,11 +310,10 @@ fn a_config_or_remote_that_is_an_option_runs_nothing() {
         format!("ext::sh -c touch% {}", pwned.display()),
     ] {
         git(&repo, &["config", "remote.origin.url", &bad]);
-        let out = w.run_in(
-            &repo,
-            &["status", "s", "--repo", "o/r", "--store", "git:origin"],
-            &[],
-        );
+        let out = Lock::new(&repo, "s", "o/r")
+            .op("status")
+            .store("git:origin")
+            .run();
         out.expect_error("usage");
     }
     assert!(!pwned.exists(), "a command ran");
@@ -377,15 +342,13 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
     // Nothing listens on port 9 of loopback: the remote is unreachable.
     let url = "git:https://someone:s3cret-pw@127.0.0.1:9/r.git";
     let cache = w.env.root.join("cache");
-    let out = w.run_with(
-        &["acquire", "s", "--repo", "o/r"],
-        &[
-            ("PATH", path.as_ref()),
-            ("SKILL_LOCK_STORE", url.as_ref()),
-            ("SKILL_LOCK_GIT_TIMEOUT", "3".as_ref()),
-            ("SKILL_LOCK_GIT_CACHE", cache.as_os_str()),
-        ],
-    );
+    let out = w
+        .op("acquire")
+        .env("PATH", &path)
+        .env("SKILL_LOCK_STORE", url)
+        .env("SKILL_LOCK_GIT_TIMEOUT", "3")
+        .env("SKILL_LOCK_GIT_CACHE", &cache)
+        .run();
     out.expect_error("store_unavailable");
     assert!(!out.stdout.contains("s3cret"), "{}", out.stdout);
     assert!(!out.stderr.contains("s3cret"), "{}", out.stderr);
@@ -404,15 +367,12 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
         "git:https://someone:s3cret-pw@h/r.git#../x",
         "nope://someone:s3cret-pw@h/r",
     ] {
-        let out = w.run_with(
-            &["status", "s", "--repo", "o/r"],
-            &[("SKILL_LOCK_STORE", bad.as_ref())],
-        );
+        let out = w.op("status").env("SKILL_LOCK_STORE", bad).run();
         out.expect_error("usage");
         assert!(!out.stdout.contains("s3cret"), "{}", out.stdout);
     }
     // On the command line a password is readable by every local user: refused.
-    let out = w.run(&["status", "s", "--repo", "o/r", "--store", url]);
+    let out = w.op("status").store(url).run();
     out.expect_error("usage");
     assert!(!out.stdout.contains("s3cret"), "{}", out.stdout);
     assert!(out.stdout.contains("SKILL_LOCK_STORE"), "{}", out.stdout);
@@ -423,31 +383,25 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
 #[test]
 fn a_fence_counter_set_back_never_repeats_a_fence() {
     let w = World::new();
+    let fence = || w.lock().acquire().is("acquired").fence();
     for want in 1..=3u64 {
-        let out = w.run(&["acquire", "s", "--repo", "o/r"]);
-        assert_eq!(out.expect(0, "acquired")["fence"], want);
-        w.run(&["release", "s", "--repo", "o/r"])
-            .expect(0, "released");
+        assert_eq!(fence(), Some(want));
+        w.op("release").expect(0, "released");
     }
     let counter = w.run_dir().join(format!("keys/{NAME}.fence"));
     std::fs::write(&counter, "1\n").unwrap();
-    let out = w.run(&["acquire", "s", "--repo", "o/r"]);
-    assert_eq!(out.expect(0, "acquired")["fence"], 4, "{}", out.stdout);
+    assert_eq!(fence(), Some(4));
     // Held, with the counter set back again: the record in place wins.
     std::fs::write(&counter, "0\n").unwrap();
-    w.run(&["release", "s", "--repo", "o/r", "--force"])
-        .expect(0, "released");
-    let out = w.run(&["acquire", "s", "--repo", "o/r"]);
-    assert_eq!(out.expect(0, "acquired")["fence"], 5, "{}", out.stdout);
+    w.lock().force_release().is("released");
+    assert_eq!(fence(), Some(5));
     // A planted FIFO as the counter: rebuilt from what the store still knows.
     std::fs::remove_file(&counter).unwrap();
     let c = std::ffi::CString::new(counter.to_str().unwrap()).unwrap();
     // SAFETY: a valid C string.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    w.run(&["release", "s", "--repo", "o/r"])
-        .expect(0, "released");
-    let out = w.run(&["acquire", "s", "--repo", "o/r"]);
-    assert_eq!(out.expect(0, "acquired")["fence"], 6, "{}", out.stdout);
+    w.op("release").expect(0, "released");
+    assert_eq!(fence(), Some(6));
 }
 
 /// A layer that group or others can write, or that is another user's, is
@@ -458,15 +412,8 @@ fn a_layer_others_can_write_or_own_is_refused_with_the_fix() {
     let token = w.acquire();
     for (dir, want) in [(w.layer.clone(), "chmod go-w"), (w.run_dir(), "chmod go-w")] {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        for args in [
-            &["status", "s", "--repo", "o/r"][..],
-            &["release", "s", "--repo", "o/r", "--token", &token],
-        ] {
-            let out = w.run(args);
-            let m = out.expect_error("io")["message"]
-                .as_str()
-                .unwrap()
-                .to_owned();
+        for call in [w.op("status"), w.op("release").token(&token)] {
+            let m = call.run().error_message("io");
             assert!(
                 m.contains(want) && m.contains(&dir.display().to_string()),
                 "{m}"
@@ -476,16 +423,11 @@ fn a_layer_others_can_write_or_own_is_refused_with_the_fix() {
     }
     if is_root() {
         std::os::unix::fs::chown(&w.layer, Some(65534), Some(65534)).unwrap();
-        let out = w.run(&["status", "s", "--repo", "o/r"]);
-        let m = out.expect_error("io")["message"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let m = w.op("status").run().error_message("io");
         assert!(m.contains("chown") && m.contains("uid 65534"), "{m}");
         std::os::unix::fs::chown(&w.layer, Some(0), Some(0)).unwrap();
     }
-    w.run(&["release", "s", "--repo", "o/r", "--token", &token])
-        .expect(0, "released");
+    w.lock().release(&token).is("released");
 }
 
 /// `SKILL_LOCK_TOKEN` carries the token for renew, release and check;
@@ -494,19 +436,16 @@ fn a_layer_others_can_write_or_own_is_refused_with_the_fix() {
 fn the_token_comes_from_the_environment_and_the_flag_wins() {
     let w = World::new();
     let token = w.acquire();
-    let with_env = |t: &str, args: &[&str]| w.run_with(args, &[("SKILL_LOCK_TOKEN", t.as_ref())]);
-    with_env(&token, &["check", "s", "--repo", "o/r"]).expect(0, "held");
-    with_env(&token, &["renew", "s", "--repo", "o/r"]).expect(0, "renewed");
+    let with_env = |t: &str, verb: &str| w.op(verb).env("SKILL_LOCK_TOKEN", t);
+    with_env(&token, "check").expect(0, "held");
+    with_env(&token, "renew").expect(0, "renewed");
     let wrong = "0".repeat(32);
-    with_env(&wrong, &["check", "s", "--repo", "o/r"]).expect(4, "not_owner");
-    with_env(&wrong, &["release", "s", "--repo", "o/r"]).expect(4, "refused");
-    w.run(&["check", "s", "--repo", "o/r"])
-        .expect_error("usage");
-    with_env(
-        &wrong,
-        &["release", "s", "--repo", "o/r", "--token", &token],
-    )
-    .expect(0, "released");
+    with_env(&wrong, "check").expect(4, "not_owner");
+    with_env(&wrong, "release").expect(4, "refused");
+    w.op("check").run().expect_error("usage");
+    with_env(&wrong, "release")
+        .token(&token)
+        .expect(0, "released");
 }
 
 // ---------------------------------------------------------------------------
@@ -639,26 +578,27 @@ fn every_plant_at_every_path_answers_and_touches_nothing_outside() {
             }
             cases += 1;
             let before = fingerprint(&w.decoy);
-            let commands: [&[&str]; 10] = [
-                &["status", "s", "--repo", "o/r"],
-                &["list"],
-                &["history"],
-                &["check", "s", "--repo", "o/r", "--token", &token],
-                &["renew", "s", "--repo", "o/r", "--token", &token],
-                &["acquire", "s", "--repo", "o/r"],
-                &["release", "s", "--repo", "o/r", "--token", &token],
-                &["acquire", "s", "--repo", "o/r", "--ttl", "5"],
-                &["run", "s", "--repo", "o/r", "--ttl", "5", "--", "true"],
-                &["release", "s", "--repo", "o/r"],
+            let commands = [
+                ("status", w.op("status")),
+                ("list", w.lock().store_op("list")),
+                ("history", w.lock().store_op("history")),
+                ("check --token", w.op("check").token(&token)),
+                ("renew --token", w.op("renew").token(&token)),
+                ("acquire", w.op("acquire")),
+                ("release --token", w.op("release").token(&token)),
+                ("acquire --ttl 5", w.op("acquire").ttl(5)),
+                ("run --ttl 5 -- true", w.op("run").ttl(5).command(["true"])),
+                ("release", w.op("release")),
             ];
-            for args in commands {
+            for (args, call) in commands {
                 calls += 1;
+                let verb = call.verb().to_owned();
                 let start = Instant::now();
-                let out = run_bounded(w.cmd(args), Duration::from_secs(11)).unwrap_or_else(|| {
+                let out = run_bounded(piped(call), Duration::from_secs(11)).unwrap_or_else(|| {
                     panic!("{args:?} with {what} at P/{rel} did not answer within 11 s")
                 });
                 slowest = slowest.max(start.elapsed());
-                let obj = one_object(&out, args[0] == "run").unwrap_or_else(|| {
+                let obj = one_object(&out, verb == "run").unwrap_or_else(|| {
                     panic!(
                         "{args:?} with {what} at P/{rel}: not one JSON object\nstdout: {}\nstderr: {}",
                         out.stdout, out.stderr
@@ -669,13 +609,11 @@ fn every_plant_at_every_path_answers_and_touches_nothing_outside() {
                     "{args:?} {what} P/{rel}: exit {}",
                     out.code
                 );
-                let result = match obj["error"].as_str() {
-                    Some(code) => format!("error:{code}"),
-                    None => obj["result"].as_str().unwrap().to_owned(),
+                let result = match &obj {
+                    Reply::Error { error, .. } => format!("error:{error}"),
+                    other => other.result().to_owned(),
                 };
-                *outcomes
-                    .entry(format!("{} -> {result}", args[0]))
-                    .or_default() += 1;
+                *outcomes.entry(format!("{verb} -> {result}")).or_default() += 1;
             }
             assert_eq!(
                 fingerprint(&w.decoy),

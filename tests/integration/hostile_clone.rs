@@ -175,15 +175,15 @@ fn answer(verb: &str, out: &Out) -> Reply {
 fn every_command(cwd: &Path) -> Vec<(&'static str, Cmd)> {
     let lock = Lock::new(cwd, SKILL, REPO);
     vec![
-        ("acquire", lock.cmd("acquire", &[])),
-        ("status", lock.cmd("status", &[])),
-        ("list", Cmd::new(cwd).arg("list")),
-        ("renew", lock.cmd("renew", &[])),
-        ("check", lock.cmd("check", &["--token", NO_TOKEN])),
-        ("history", lock.cmd("history", &[])),
-        ("history", Cmd::new(cwd).arg("history")),
-        ("run", lock.cmd("run", &["--", "true"])),
-        ("release", lock.cmd("release", &[])),
+        ("acquire", lock.op("acquire").cmd()),
+        ("status", lock.op("status").cmd()),
+        ("list", lock.store_op("list").cmd()),
+        ("renew", lock.op("renew").cmd()),
+        ("check", lock.op("check").token(NO_TOKEN).cmd()),
+        ("history", lock.op("history").cmd()),
+        ("history", lock.store_op("history").cmd()),
+        ("run", lock.op("run").command(["true"]).cmd()),
+        ("release", lock.op("release").cmd()),
     ]
 }
 
@@ -516,7 +516,7 @@ fn a_committed_config_naming_a_path_writes_nothing_outside_the_layer() {
 fn real_state(w: &World, rel: &str) -> (Value, Value) {
     let scratch = w.env.dir(rel);
     let lock = Lock::new(&scratch, SKILL, REPO);
-    match lock.acquire_with(&["--root", ".", "--ttl", "2592000"]) {
+    match lock.op("acquire").root(".").ttl(2_592_000).reply() {
         Reply::Acquired { .. } => {}
         other => panic!("scratch acquire: {other:?}"),
     }
@@ -618,10 +618,10 @@ fn committed_lock_state_in_a_git_clone_is_not_the_lock() {
     let ran = w.path("ran");
     let lock = Lock::new(&clone, SKILL, REPO);
     let runs = [
-        ("acquire", lock.cmd("acquire", &[])),
+        ("acquire", lock.op("acquire").cmd()),
         (
             "run",
-            lock.cmd("run", &["--", "touch", ran.to_str().unwrap()]),
+            lock.op("run").command([Path::new("touch"), &ran]).cmd(),
         ),
     ];
     for (verb, cmd) in runs {
@@ -1056,7 +1056,7 @@ fn markers_and_svn_below_a_clone_make_no_second_lock() {
     let first = Lock::new(&clone, SKILL, REPO);
     let token = first.acquire().token().to_owned();
     for root in ["sub", "sub/inner", "adopted/deeper"] {
-        match first.acquire_with(&["--root", root]) {
+        match first.op("acquire").root(root).reply() {
             Reply::AlreadyRunning { .. } => {}
             other => panic!("--root {root}: both acquired: {other:?}"),
         }

@@ -15,7 +15,7 @@ fn a_lock_lives_and_dies_by_its_token() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let lock = Lock::new(&repo, "issue-triage", "apache/airflow");
-    let got = lock.acquire_with(&["--note", "run 7"]);
+    let got = lock.op("acquire").note("run 7").reply();
     let token = got.token().to_owned();
     let Reply::Acquired {
         fence,
@@ -58,11 +58,10 @@ fn a_lock_lives_and_dies_by_its_token() {
 
 /// The hint of a held lock, asked from `cwd` with `env` added.
 fn hint_of(lock: &Lock, envs: &[(&str, &str)]) -> String {
-    let mut cmd = lock.cmd("acquire", &[]);
-    for (k, v) in envs {
-        cmd = cmd.env(k, v);
-    }
-    match crate::common::verbs::reply(&cmd.run()) {
+    let call = envs
+        .iter()
+        .fold(lock.op("acquire"), |call, (k, v)| call.env(k, v));
+    match call.reply() {
         Reply::AlreadyRunning { hint, .. } => hint,
         other => panic!("not held: {other:?}"),
     }

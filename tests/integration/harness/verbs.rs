@@ -569,6 +569,11 @@ impl Call {
         self.env("SKILL_LOCK_HOST", name)
     }
 
+    /// The verb.
+    pub fn verb(&self) -> &str {
+        &self.verb
+    }
+
     /// The command, to run or spawn as the test likes.
     pub fn cmd(self) -> Cmd {
         self.cmd
@@ -788,6 +793,22 @@ pub fn reply(out: &Out) -> Reply {
 #[track_caller]
 pub fn reply_of(out: &Out, v: &serde_json::Value) -> Reply {
     parse(out, &v.to_string())
+}
+
+/// The typed reply of an invocation that must answer one object (on stdout,
+/// or `on_stderr` as the last line, as `run` does), or `None` when it printed
+/// no object the contract defines; its exit status checked when it did.
+#[track_caller]
+pub fn try_reply(out: &Out, on_stderr: bool) -> Option<Reply> {
+    let text = if on_stderr {
+        out.stderr.lines().last()?
+    } else if out.json.is_object() {
+        out.stdout.trim_end()
+    } else {
+        return None;
+    };
+    serde_json::from_str::<Reply>(text).ok()?;
+    Some(parse(out, text))
 }
 
 /// The typed reply of `run`, which prints its object as the last line of
