@@ -644,7 +644,7 @@ fn committed_lock_state_in_a_git_clone_is_not_the_lock() {
             other => panic!("{verb}: {other:?}"),
         }
     }
-    match Cmd::new(&clone).arg("list").run().reply() {
+    match Lock::new(&clone, SKILL, REPO).list() {
         Reply::List { locks, legacy, .. } => {
             assert!(locks.is_empty(), "{locks:?}");
             let shown = legacy.iter().find(|e| e.skill == SKILL);
@@ -708,8 +708,8 @@ fn until_it_works(dir: &Path, verb: &str) -> Result<(), String> {
     let mut seen = Vec::new();
     for _ in 0..6 {
         let out = match verb {
-            "list" | "history" => Cmd::new(dir).arg(verb).run(),
-            _ => lock.cmd(verb, &[]).run(),
+            "list" | "history" => lock.store_op(verb).run(),
+            _ => lock.op(verb).run(),
         };
         match reply(&out) {
             Reply::Acquired { token, .. } => {
