@@ -12,7 +12,8 @@
 use crate::common;
 use common::http2::FrameWatch;
 
-use common::{Cmd, TestEnv};
+use common::TestEnv;
+use common::verbs::{Lock, Reply};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
@@ -28,8 +29,9 @@ fn prefix(env: &TestEnv) -> String {
     common::etcd_prefix(env, "leases")
 }
 
-fn cmd(cwd: &Path, store: &str) -> Cmd {
-    Cmd::new(cwd).env("SKILL_LOCK_STORE", store)
+/// The lock `skill` of `o/r` in the etcd store `store`, seen from `cwd`.
+fn lock(cwd: &Path, store: &str, skill: &str) -> Lock {
+    Lock::new(cwd, skill, "o/r").with_env("SKILL_LOCK_STORE", store)
 }
 
 /// A listener that accepts connections and never answers (nor closes them).
@@ -105,42 +107,24 @@ fn a_lease_the_cluster_still_holds_is_never_taken_over_early() {
     for ttl in [2u64, 3] {
         let skill = format!("lease-{ttl}");
         let began = Instant::now();
-        let first = cmd(&cwd, &store)
-            .args([
-                "acquire",
-                &skill,
-                "--repo",
-                "o/r",
-                "--ttl",
-                &ttl.to_string(),
-            ])
-            .run();
-        first.expect(0, "acquired");
-        assert_eq!(
-            first.json["ttl"], ttl,
-            "etcd grants a ttl of 2 s and more exactly"
+        let lock = lock(&cwd, &store, &skill);
+        let first = lock.op("acquire").ttl(ttl).reply().is("acquired");
+        assert!(
+            matches!(first, Reply::Acquired { ttl: t, .. } if t == ttl),
+            "etcd grants a ttl of 2 s and more exactly: {first:?}"
         );
-        let token = first.json["token"].as_str().unwrap().to_owned();
         // The holder is never told it has more than its lease left.
-        let c = cmd(&cwd, &store)
-            .args(["check", &skill, "--repo", "o/r", "--token", &token])
-            .run();
-        if c.code == 0 {
-            assert!(
-                c.json["expires_in"].as_u64().unwrap() <= ttl,
-                "{}",
-                c.stdout
-            );
+        let c = lock.check(first.token());
+        if let Reply::Held { expires_in, .. } = c {
+            assert!(expires_in <= ttl, "{c:?}");
         }
         // A second run keeps trying; it must not win before the lease ran out.
         let taken_at = loop {
-            let o = cmd(&cwd, &store)
-                .args(["acquire", &skill, "--repo", "o/r", "--ttl", "60"])
-                .run();
-            if o.code == 0 {
-                break began.elapsed();
+            match lock.op("acquire").ttl(60).reply() {
+                Reply::Acquired { .. } => break began.elapsed(),
+                Reply::AlreadyRunning { .. } => {}
+                other => panic!("{other:?}"),
             }
-            o.expect(3, "already_running");
             assert!(
                 began.elapsed() < Duration::from_secs(ttl + 30),
                 "never freed"
@@ -163,20 +147,15 @@ fn a_hung_first_endpoint_is_skipped_like_a_dead_one() {
     let cwd = env.git_repo("repo");
     let store = format!("etcd://{},{ep}{}", hung_endpoint(), prefix(&env));
     let began = Instant::now();
-    let o = cmd(&cwd, &store)
-        .args(["acquire", "hung", "--repo", "o/r", "--ttl", "30"])
-        .run();
-    o.expect(0, "acquired");
+    let lock = lock(&cwd, &store, "hung");
+    let o = lock.op("acquire").ttl(30).reply().is("acquired");
     assert!(
         began.elapsed() < Duration::from_secs(5),
         "{:?}",
         began.elapsed()
     );
-    let token = o.json["token"].as_str().unwrap().to_owned();
-    cmd(&cwd, &store)
-        .args(["release", "hung", "--repo", "o/r", "--token", &token])
-        .run()
-        .expect(0, "released");
+    let r = lock.release(o.token());
+    assert_eq!(r.result(), "released", "{r:?}");
 }
 
 #[test]
@@ -190,36 +169,29 @@ fn a_lost_answer_is_settled_by_reading_it_back() {
     let direct = format!("etcd://{ep}{pfx}");
     // A stale lock to take over (its lease ends in 2 s), then a takeover
     // whose answer is swallowed after the member committed it.
-    cmd(&cwd, &direct)
-        .args(["acquire", "lost", "--repo", "o/r", "--ttl", "2"])
-        .run()
-        .expect(0, "acquired");
+    let direct = lock(&cwd, &direct, "lost");
+    direct.op("acquire").ttl(2).reply().is("acquired");
     std::thread::sleep(Duration::from_millis(3500));
     let through = format!("etcd://{}{pfx}", answer_eating_proxy(ep.clone()));
-    let o = cmd(&cwd, &through)
-        .env("SKILL_LOCK_ETCD_TIMEOUT", "2")
-        .args(["acquire", "lost", "--repo", "o/r", "--ttl", "600"])
+    let o = lock(&cwd, &through, "lost")
+        .with_env("SKILL_LOCK_ETCD_TIMEOUT", "2")
+        .op("acquire")
+        .ttl(600)
         .run();
     // Whatever it answers, it must be the truth: acquired with the token that
     // holds the lock, or an error with the lock left free (never a ghost).
-    let status = cmd(&cwd, &direct)
-        .args(["status", "lost", "--repo", "o/r"])
-        .run();
-    match o.code {
-        0 => {
-            o.expect(0, "acquired");
-            let token = o.json["token"].as_str().unwrap().to_owned();
-            cmd(&cwd, &direct)
-                .args(["check", "lost", "--repo", "o/r", "--token", &token])
-                .run()
-                .expect(0, "held");
+    let status = direct.status();
+    match o.reply() {
+        got @ Reply::Acquired { .. } => {
+            let c = direct.check(got.token());
+            assert_eq!(c.result(), "held", "{c:?}");
         }
         _ => {
             o.expect_error("store_unavailable");
             assert_eq!(
-                status.json["state"], "free",
-                "the command failed but left a lock nobody holds the token of: {}",
-                status.stdout
+                status.state(),
+                "free",
+                "the command failed but left a lock nobody holds the token of: {status:?}"
             );
         }
     }

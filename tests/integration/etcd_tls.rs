@@ -7,7 +7,8 @@
 
 use crate::common;
 
-use common::{Cmd, TestEnv};
+use common::TestEnv;
+use common::verbs::{Lock, Reply};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -122,19 +123,19 @@ fn etcds_with_a_private_ca_and_client_certificates() {
     .unwrap();
     let cwd = env.dir("w");
     let url = "etcds://127.0.0.1:24401";
-    let with_tls = |cmd: Cmd| {
-        cmd.env("SKILL_LOCK_ETCD_CA", p("ca.pem"))
-            .env("SKILL_LOCK_ETCD_CERT", p("client.pem"))
-            .env("SKILL_LOCK_ETCD_KEY", p("client.key"))
-            .env("SKILL_LOCK_ETCD_TIMEOUT", "3")
+    let lock = |store: &str| Lock::new(&cwd, "s", "o/r").in_store(store);
+    let with_tls = |lock: Lock| {
+        lock.with_env("SKILL_LOCK_ETCD_CA", p("ca.pem"))
+            .with_env("SKILL_LOCK_ETCD_CERT", p("client.pem"))
+            .with_env("SKILL_LOCK_ETCD_KEY", p("client.key"))
+            .with_env("SKILL_LOCK_ETCD_TIMEOUT", "3")
     };
+    let tls = with_tls(lock(url));
     let start = Instant::now();
     let token = loop {
-        let a = with_tls(Cmd::new(&cwd))
-            .args(["acquire", "s", "--repo", "o/r", "--store", url])
-            .run();
-        if a.code == 0 {
-            break a.json["token"].as_str().unwrap().to_owned();
+        let a = tls.op("acquire").run();
+        if let got @ Reply::Acquired { .. } = a.reply() {
+            break got.token().to_owned();
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
@@ -143,20 +144,18 @@ fn etcds_with_a_private_ca_and_client_certificates() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    with_tls(Cmd::new(&cwd))
-        .args(["acquire", "s", "--repo", "o/r", "--store", url])
-        .run()
-        .expect(3, "already_running");
+    let again = tls.acquire();
+    assert_eq!(again.result(), "already_running", "{again:?}");
     // Without our CA the server is not trusted; without a client certificate it refuses us.
-    let untrusted = Cmd::new(&cwd)
-        .env("SKILL_LOCK_ETCD_TIMEOUT", "2")
-        .args(["status", "s", "--repo", "o/r", "--store", url])
+    let untrusted = lock(url)
+        .with_env("SKILL_LOCK_ETCD_TIMEOUT", "2")
+        .op("status")
         .run();
     untrusted.expect_error("store_unavailable");
-    let anonymous = Cmd::new(&cwd)
-        .env("SKILL_LOCK_ETCD_CA", p("ca.pem"))
-        .env("SKILL_LOCK_ETCD_TIMEOUT", "2")
-        .args(["status", "s", "--repo", "o/r", "--store", url])
+    let anonymous = lock(url)
+        .with_env("SKILL_LOCK_ETCD_CA", p("ca.pem"))
+        .with_env("SKILL_LOCK_ETCD_TIMEOUT", "2")
+        .op("status")
         .run();
     anonymous.expect_error("store_unavailable");
     // An endpoint that accepts and never answers (it hangs in the TLS
@@ -170,22 +169,15 @@ fn etcds_with_a_private_ca_and_client_certificates() {
         }
     });
     let began = Instant::now();
-    let skipped = with_tls(Cmd::new(&cwd))
-        .args(["status", "s", "--repo", "o/r", "--store", &hung_url])
-        .run();
+    let skipped = with_tls(lock(&hung_url)).status();
     let took = began.elapsed();
-    skipped.expect(0, "status");
-    assert_eq!(skipped.json["state"], "held", "{}", skipped.stdout);
+    assert_eq!(skipped.state(), "held", "{skipped:?}");
     assert!(
         took < Duration::from_millis(2500),
         "a hung TLS endpoint took {took:?} to skip (timeout 3 s)"
     );
-    with_tls(Cmd::new(&cwd))
-        .args([
-            "release", "s", "--repo", "o/r", "--token", &token, "--store", url,
-        ])
-        .run()
-        .expect(0, "released");
+    let released = tls.release(&token);
+    assert_eq!(released.result(), "released", "{released:?}");
     let _ = etcd.kill();
     let _ = etcd.wait();
 }
@@ -208,23 +200,15 @@ fn tls_files_that_are_fifos_devices_or_huge_are_refused_at_once() {
     for var in ["SKILL_LOCK_ETCD_CA", "SKILL_LOCK_ETCD_CERT"] {
         for file in [fifo.as_path(), Path::new("/dev/zero"), huge.as_path()] {
             let start = std::time::Instant::now();
-            let mut cmd = env
-                .cmd(&repo)
-                .args([
-                    "status",
-                    "s",
-                    "--repo",
-                    "o/r",
-                    "--store",
-                    "etcds://127.0.0.1:9",
-                ])
-                .env(var, file);
+            let mut lock = Lock::new(&repo, "s", "o/r")
+                .in_store("etcds://127.0.0.1:9")
+                .with_env(var, file);
             if var == "SKILL_LOCK_ETCD_CERT" {
-                cmd = cmd.env("SKILL_LOCK_ETCD_KEY", file);
+                lock = lock.with_env("SKILL_LOCK_ETCD_KEY", file);
             }
-            let out = cmd.run();
+            let out = lock.op("status").run();
             out.expect_error("io");
-            let common::verbs::Reply::Error { message, .. } = out.reply() else {
+            let Reply::Error { message, .. } = out.reply() else {
                 unreachable!("an error object")
             };
             assert!(

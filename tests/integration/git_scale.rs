@@ -9,7 +9,8 @@
 use crate::common;
 
 use common::gitd::bare_repo;
-use common::verbs::{Reply, reply};
+use common::run_verbs::{GitState, json_bytes};
+use common::verbs::{Lock, Reply, reply};
 use common::{Cmd, Out, TestEnv};
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -159,13 +160,13 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
     // and each again on a cache that holds the objects.
     for (i, verb) in ["status", "list", "acquire"].into_iter().enumerate() {
         for warm in [false, true] {
-            let cmd = Cmd::new(&cwd)
-                .env("SKILL_LOCK_STORE", &url)
-                .env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache{i}")));
+            let lock = Lock::new(&cwd, "s", "o/r")
+                .with_env("SKILL_LOCK_STORE", &url)
+                .with_env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache{i}")));
             let cmd = if verb == "list" {
-                cmd.arg("list")
+                lock.store_op("list").cmd()
             } else {
-                cmd.args([verb, "s", "--repo", "o/r"])
+                lock.cmd(verb, &[])
             };
             let start = Instant::now();
             let (out, peak) = run_measured(cmd);
@@ -241,23 +242,24 @@ fn remote_with_locks(env: &TestEnv, name: &str, n: usize) -> String {
     let dir = bare_repo(&env.path(name));
     let url = format!("git:file://{}", dir.display());
     let cwd = env.dir("w");
-    let seed = Cmd::new(&cwd)
-        .env("SKILL_LOCK_STORE", &url)
-        .env("SKILL_LOCK_GIT_CACHE", env.path("seed-cache"))
-        .args(["acquire", "s0", "--repo", "o/r", "--ttl", "3600"])
-        .run();
-    assert!(matches!(reply(&seed), Reply::Acquired { .. }));
+    Lock::new(&cwd, "s0", "o/r")
+        .with_env("SKILL_LOCK_STORE", &url)
+        .with_env("SKILL_LOCK_GIT_CACHE", env.path("seed-cache"))
+        .op("acquire")
+        .ttl(3600)
+        .reply()
+        .is("acquired");
     let state = git_in(
         &dir,
         &["cat-file", "blob", "refs/skill-lock/s0@o__r:lock.json"],
         None,
     );
-    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let state: GitState = serde_json::from_str(&state).unwrap();
     let mut stream = Vec::new();
     for i in 0..n {
         let mut s = state.clone();
-        s["record"]["skill"] = format!("s{i}").into();
-        let body = serde_json::to_vec(&s).unwrap();
+        s.record.skill = format!("s{i}");
+        let body = json_bytes(&s);
         let msg = format!("skill-lock: acquired s{i}@o__r (fence 1)\n");
         write!(
             stream,
@@ -306,11 +308,12 @@ fn list_reads_10_and_5000_locks_in_the_same_number_of_git_processes() {
         for run in 0..2 {
             let _ = std::fs::remove_file(&counter);
             let start = Instant::now();
-            let out = Cmd::new(&cwd)
-                .env("PATH", &path)
-                .env("SKILL_LOCK_STORE", &url)
-                .env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache-{name}")))
-                .arg("list")
+            let out = Lock::new(&cwd, "s", "o/r")
+                .with_env("PATH", &path)
+                .with_env("SKILL_LOCK_STORE", &url)
+                .with_env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache-{name}")))
+                .store_op("list")
+                .cmd()
                 .run();
             let took = start.elapsed();
             let calls = std::fs::read_to_string(&counter).unwrap_or_default();

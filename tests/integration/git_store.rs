@@ -10,7 +10,7 @@ use crate::common;
 
 use common::gitd::{Daemon, bare_repo};
 use common::verbs::{Lock, Reply};
-use common::{Cmd, TestEnv, Value};
+use common::{TestEnv, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -42,12 +42,6 @@ impl Remote {
             cache: env.path("cache"),
             _daemon: Some(d),
         }
-    }
-
-    pub(crate) fn cmd(&self, cwd: &Path) -> Cmd {
-        Cmd::new(cwd)
-            .env("SKILL_LOCK_STORE", &self.url)
-            .env("SKILL_LOCK_GIT_CACHE", &self.cache)
     }
 
     /// The lock `skill` of `repo` in this remote, seen from `cwd`.

@@ -447,6 +447,8 @@ pub fn etcd_prefix(env: &TestEnv, tag: &str) -> String {
     )
 }
 
+/// Verbs of `run`, races and stores beyond [`verbs`].
+pub mod run_verbs;
 /// A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
 /// each returning a typed mirror of the wire object.
 pub mod verbs;

@@ -16,11 +16,13 @@ use crate::common;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Cmd, Out, TestEnv, Value};
+use common::run_verbs::{Record, json_bytes, read_json, spawn};
+use common::verbs::{Lock, Reply};
+use common::{Cmd, Out, TestEnv};
 
 const REPO: &str = "o/r";
 
@@ -53,33 +55,29 @@ impl Lab {
             .join(format!("{skill}@o__r.lock"))
     }
 
-    fn run(&self, args: &[&str]) -> Out {
-        Cmd::new(&self.repo).args(args).run()
+    /// The lock `skill` of `o/r`.
+    fn lock(&self, skill: &str) -> Lock {
+        Lock::new(&self.repo, skill, REPO)
     }
 
-    fn spawn(&self, args: &[&str]) -> Child {
-        Cmd::new(&self.repo)
-            .args(args)
-            .command()
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary starts")
+    /// `acquire --ttl 60` of `skill`, to be spawned.
+    fn acquire_cmd(&self, skill: &str) -> Cmd {
+        self.lock(skill).op("acquire").ttl(60).cmd()
     }
 
     /// Acquires `skill` with `ttl`; returns (token, fence).
     fn acquire(&self, skill: &str, ttl: u64) -> (String, u64) {
-        let ttl = ttl.to_string();
-        let out = self.run(&["acquire", skill, "--repo", REPO, "--ttl", &ttl]);
-        let v = out.expect(0, "acquired");
-        (v["token"].as_str().unwrap().to_owned(), fence(v))
+        let r = self
+            .lock(skill)
+            .op("acquire")
+            .ttl(ttl)
+            .reply()
+            .is("acquired");
+        (r.token().to_owned(), r.must_fence())
     }
 
-    fn status(&self, skill: &str) -> Value {
-        self.run(&["status", skill, "--repo", REPO])
-            .expect(0, "status")
-            .clone()
+    fn status(&self, skill: &str) -> Reply {
+        self.lock(skill).status()
     }
 
     /// Waits until the lock is stale because its lease ran out.
@@ -87,13 +85,13 @@ impl Lab {
         let start = Instant::now();
         loop {
             let v = self.status(skill);
-            if v["state"] == "stale" {
-                assert_eq!(v["stale_reason"], "expired", "{v}");
+            if v.state() == "stale" {
+                assert_eq!(v.stale_reason(), Some("expired"), "{v:?}");
                 return;
             }
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "never expired: {v}"
+                "never expired: {v:?}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -113,6 +111,19 @@ impl Lab {
             file: Some(file),
             inode,
         }
+    }
+
+    /// Rewrites the `started` time of `skill`'s record under its guard, as
+    /// the store writes a record (a temporary file renamed into place).
+    fn set_started(&self, skill: &str, started: &str) {
+        let record = self.lock_dir(skill).join("owner.json");
+        let mut v: Record = read_json(&record);
+        v.started = started.to_owned();
+        let mut guard = self.hold(skill);
+        let tmp = self.lock_dir(skill).join("owner.json.test");
+        std::fs::write(&tmp, json_bytes(&v)).unwrap();
+        std::fs::rename(&tmp, &record).unwrap();
+        guard.release();
     }
 }
 
@@ -165,28 +176,8 @@ fn waiters(proc_locks: &str, inode: u64) -> Vec<u32> {
 }
 
 /// Waits (bounded) for a child and decodes its one JSON object.
-fn finish(mut child: Child) -> Out {
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(20) {
-            child.kill().ok();
-            panic!("process {} did not finish", child.id());
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Out::from(child.wait_with_output().unwrap())
-}
-
-fn fence(v: &Value) -> u64 {
-    v["fence"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no fence: {v}"))
-}
-
-fn holder_fence(v: &Value) -> u64 {
-    v["holder"]["fence"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no holder fence: {v}"))
+fn finish(child: Child) -> Out {
+    common::run_verbs::finish(child, Duration::from_secs(20))
 }
 
 fn show(outs: &[(&str, &Out)]) -> String {
@@ -198,6 +189,13 @@ fn show(outs: &[(&str, &Out)]) -> String {
 
 fn wchan(child: &Child) -> String {
     std::fs::read_to_string(format!("/proc/{}/wchan", child.id())).unwrap_or_default()
+}
+
+/// Asserts `r` is the reply named `result`, and returns it.
+#[track_caller]
+fn is(r: Reply, result: &str, all: &str) -> Reply {
+    assert_eq!(r.result(), result, "{all}");
+    r
 }
 
 #[test]
@@ -212,8 +210,8 @@ fn two_takeovers_of_one_stale_lock_exactly_one_wins() {
     }
     for (skill, (old_token, old_fence)) in skills.iter().zip(&old) {
         let mut guard = lab.hold(skill);
-        let a = lab.spawn(&["acquire", skill, "--repo", REPO, "--ttl", "60"]);
-        let b = lab.spawn(&["acquire", skill, "--repo", REPO, "--ttl", "60"]);
+        let a = spawn(lab.acquire_cmd(skill));
+        let b = spawn(lab.acquire_cmd(skill));
         guard.wait_queued(&[&a, &b]);
         guard.release();
         let (a, b) = (finish(a), finish(b));
@@ -223,37 +221,36 @@ fn two_takeovers_of_one_stale_lock_exactly_one_wins() {
             (3, 0) => (&b, &a),
             _ => panic!("{skill}: not exactly one winner:\n{all}"),
         };
-        let w = win.expect(0, "acquired");
-        assert_eq!(w["took_over"]["reason"], "expired", "{all}");
-        assert_eq!(holder_fence(&w["took_over"]), *old_fence, "{all}");
-        assert!(fence(w) > *old_fence, "{all}");
-        let l = lose.expect(3, "already_running");
+        let w = is(win.reply(), "acquired", &all);
         assert_eq!(
-            holder_fence(l),
-            fence(w),
+            w.took_over_from(),
+            Some(("expired", Some(*old_fence))),
+            "{all}"
+        );
+        assert!(w.must_fence() > *old_fence, "{all}");
+        let l = is(lose.reply(), "already_running", &all);
+        assert_eq!(
+            l.holder().fence,
+            w.must_fence(),
             "the loser saw another holder:\n{all}"
         );
         let v = lab.status(skill);
-        assert_eq!(
-            (v["state"].as_str(), holder_fence(&v)),
-            (Some("held"), fence(w))
-        );
-        lab.run(&["check", skill, "--repo", REPO, "--token", old_token])
-            .expect(4, "not_owner");
-        let token = w["token"].as_str().unwrap();
-        lab.run(&["check", skill, "--repo", REPO, "--token", token])
-            .expect(0, "held");
+        assert_eq!((v.state(), v.holder().fence), ("held", w.must_fence()));
+        let lock = lab.lock(skill);
+        is(lock.check(old_token), "not_owner", &all);
+        is(lock.check(w.token()), "held", &all);
     }
 }
 
 /// Runs `rounds` forced races of an acquire against an operation of the old
-/// holder (`old_op`, given the old token) on a lock whose lease ran out; the
-/// acquire is queued first, the other after a pause. Returns how often each
-/// allowed pair of outcomes happened; `judge` panics on any other.
+/// holder (`old_op`, given the lock and the old token) on a lock whose lease
+/// ran out; the acquire is queued first, the other after a pause. Returns
+/// how often each allowed pair of outcomes happened; `judge` panics on any
+/// other.
 fn takeover_against(
     rounds: usize,
     name: &str,
-    old_op: &dyn Fn(&str, &str) -> Vec<String>,
+    old_op: &dyn Fn(&Lock, &str) -> Cmd,
     judge: &dyn Fn(&Lab, &str, u64, &Out, &Out) -> &'static str,
 ) -> std::collections::BTreeMap<&'static str, usize> {
     let lab = Lab::new();
@@ -264,22 +261,20 @@ fn takeover_against(
     }
     let mut seen = std::collections::BTreeMap::new();
     for (round, (skill, (old_token, old_fence))) in skills.iter().zip(&old).enumerate() {
-        let args = old_op(skill, old_token);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let acquire = ["acquire", skill.as_str(), "--repo", REPO, "--ttl", "60"];
+        let op = || spawn(old_op(&lab.lock(skill), old_token));
         let mut guard = lab.hold(skill);
         // Even rounds queue the acquire first, odd ones the old holder's op
         // (the kernel tends to wake the first waiter; nothing relies on it).
         let (acq, other) = if round.is_multiple_of(2) {
-            let acq = lab.spawn(&acquire);
+            let acq = spawn(lab.acquire_cmd(skill));
             guard.wait_queued(&[&acq]);
             std::thread::sleep(Duration::from_millis(20));
-            (acq, lab.spawn(&args))
+            (acq, op())
         } else {
-            let other = lab.spawn(&args);
+            let other = op();
             guard.wait_queued(&[&other]);
             std::thread::sleep(Duration::from_millis(20));
-            (lab.spawn(&acquire), other)
+            (spawn(lab.acquire_cmd(skill)), other)
         };
         guard.wait_queued(&[&acq, &other]);
         guard.release();
@@ -296,45 +291,28 @@ fn takeover_racing_a_renew_by_the_old_holder() {
     let seen = takeover_against(
         10,
         "renewrace",
-        &|skill, token| {
-            ["renew", skill, "--repo", REPO, "--token", token]
-                .map(str::to_owned)
-                .to_vec()
-        },
+        &|lock, token| lock.op("renew").token(token).cmd(),
         &|lab, skill, old_fence, acq, renew| {
             let all = show(&[("acquire", acq), ("renew", renew)]);
             let v = lab.status(skill);
-            match (acq.code, renew.code) {
+            let (a, r) = (acq.reply(), renew.reply());
+            match (&a, &r) {
                 // The renew went first: the old lease lives again.
-                (3, 0) => {
-                    let r = renew.expect(0, "renewed");
-                    assert_eq!(
-                        (r["was_expired"].as_bool(), fence(r)),
-                        (Some(true), old_fence),
-                        "{all}"
-                    );
-                    assert_eq!(
-                        holder_fence(acq.expect(3, "already_running")),
-                        old_fence,
-                        "{all}"
-                    );
-                    assert_eq!(
-                        (v["state"].as_str(), holder_fence(&v)),
-                        (Some("held"), old_fence)
-                    );
+                (Reply::AlreadyRunning { .. }, Reply::Renewed { was_expired, .. }) => {
+                    assert_eq!((*was_expired, r.must_fence()), (true, old_fence), "{all}");
+                    assert_eq!(a.holder().fence, old_fence, "{all}");
+                    assert_eq!((v.state(), v.holder().fence), ("held", old_fence));
                     "renew first"
                 }
                 // The takeover went first: the old token is powerless.
-                (0, 4) => {
-                    let a = acq.expect(0, "acquired");
-                    assert_eq!(a["took_over"]["reason"], "expired", "{all}");
-                    assert_eq!(holder_fence(&a["took_over"]), old_fence, "{all}");
-                    let r = renew.expect(4, "not_owner");
-                    assert_eq!(holder_fence(r), fence(a), "{all}");
+                (Reply::Acquired { .. }, Reply::NotOwner { .. }) => {
                     assert_eq!(
-                        (v["state"].as_str(), holder_fence(&v)),
-                        (Some("held"), fence(a))
+                        a.took_over_from(),
+                        Some(("expired", Some(old_fence))),
+                        "{all}"
                     );
+                    assert_eq!(r.holder().fence, a.must_fence(), "{all}");
+                    assert_eq!((v.state(), v.holder().fence), ("held", a.must_fence()));
                     "takeover first"
                 }
                 _ => panic!("{skill}: outcomes not allowed together:\n{all}"),
@@ -349,35 +327,33 @@ fn takeover_racing_a_token_release_by_the_old_holder() {
     let seen = takeover_against(
         10,
         "releaserace",
-        &|skill, token| {
-            ["release", skill, "--repo", REPO, "--token", token]
-                .map(str::to_owned)
-                .to_vec()
-        },
+        &|lock, token| lock.op("release").token(token).cmd(),
         &|lab, skill, old_fence, acq, release| {
             let all = show(&[("acquire", acq), ("release", release)]);
-            let a = acq.expect(0, "acquired");
+            let a = is(acq.reply(), "acquired", &all);
             let v = lab.status(skill);
             assert_eq!(
-                (v["state"].as_str(), holder_fence(&v)),
-                (Some("held"), fence(a)),
+                (v.state(), v.holder().fence),
+                ("held", a.must_fence()),
                 "{all}"
             );
-            assert!(fence(a) > old_fence, "{all}");
-            match release.code {
+            assert!(a.must_fence() > old_fence, "{all}");
+            let r = release.reply();
+            match &r {
                 // The release went first: the acquire found the lock free.
-                0 => {
-                    let r = release.expect(0, "released");
-                    assert_eq!(holder_fence(r), old_fence, "released a newer lock:\n{all}");
-                    assert!(a["took_over"].is_null(), "{all}");
+                Reply::Released { .. } => {
+                    assert_eq!(r.holder().fence, old_fence, "released a newer lock:\n{all}");
+                    assert_eq!(a.took_over(), None, "{all}");
                     "release first"
                 }
                 // The takeover went first: the release is refused.
-                4 => {
-                    let r = release.expect(4, "refused");
-                    assert_eq!(holder_fence(r), fence(a), "{all}");
-                    assert_eq!(a["took_over"]["reason"], "expired", "{all}");
-                    assert_eq!(holder_fence(&a["took_over"]), old_fence, "{all}");
+                Reply::Refused { .. } => {
+                    assert_eq!(r.holder().fence, a.must_fence(), "{all}");
+                    assert_eq!(
+                        a.took_over_from(),
+                        Some(("expired", Some(old_fence))),
+                        "{all}"
+                    );
                     "takeover first"
                 }
                 _ => panic!("{skill}: outcomes not allowed together:\n{all}"),
@@ -392,53 +368,47 @@ fn release_racing_acquire() {
     const ROUNDS: usize = 10;
     let lab = Lab::new();
     let skill = "relacq";
+    let lock = lab.lock(skill);
     let mut seen = std::collections::BTreeMap::new();
     for round in 0..ROUNDS {
         let (token, old_fence) = lab.acquire(skill, 60);
-        let release = ["release", skill, "--repo", REPO, "--token", &token];
-        let acquire = ["acquire", skill, "--repo", REPO, "--ttl", "60"];
+        let release = || spawn(lock.op("release").token(&token));
         let mut guard = lab.hold(skill);
         // Alternate which one queues first; the assertions hold either way.
         let (rel, acq) = if round.is_multiple_of(2) {
-            let rel = lab.spawn(&release);
+            let rel = release();
             guard.wait_queued(&[&rel]);
-            (rel, lab.spawn(&acquire))
+            (rel, spawn(lab.acquire_cmd(skill)))
         } else {
-            let acq = lab.spawn(&acquire);
+            let acq = spawn(lab.acquire_cmd(skill));
             guard.wait_queued(&[&acq]);
-            (lab.spawn(&release), acq)
+            (release(), acq)
         };
         guard.wait_queued(&[&rel, &acq]);
         guard.release();
         let (rel, acq) = (finish(rel), finish(acq));
         let all = show(&[("release", &rel), ("acquire", &acq)]);
         // The release always removes the old holder's lock, whatever the order.
-        assert_eq!(holder_fence(rel.expect(0, "released")), old_fence, "{all}");
+        let r = is(rel.reply(), "released", &all);
+        assert_eq!(r.holder().fence, old_fence, "{all}");
         let v = lab.status(skill);
-        let kind = match acq.code {
-            0 => {
-                let a = acq.expect(0, "acquired");
-                assert!(a["took_over"].is_null(), "{all}");
-                assert!(fence(a) > old_fence, "{all}");
-                assert_eq!(
-                    (v["state"].as_str(), holder_fence(&v)),
-                    (Some("held"), fence(a))
-                );
+        let a = acq.reply();
+        let kind = match &a {
+            Reply::Acquired { .. } => {
+                assert_eq!(a.took_over(), None, "{all}");
+                assert!(a.must_fence() > old_fence, "{all}");
+                assert_eq!((v.state(), v.holder().fence), ("held", a.must_fence()));
                 "release first"
             }
-            3 => {
-                assert_eq!(
-                    holder_fence(acq.expect(3, "already_running")),
-                    old_fence,
-                    "{all}"
-                );
-                assert_eq!(v["state"], "free", "{all}\n{v}");
+            Reply::AlreadyRunning { .. } => {
+                assert_eq!(a.holder().fence, old_fence, "{all}");
+                assert_eq!(v.state(), "free", "{all}\n{v:?}");
                 "acquire first"
             }
             _ => panic!("outcomes not allowed together:\n{all}"),
         };
         *seen.entry(kind).or_insert(0) += 1;
-        lab.run(&["release", skill, "--repo", REPO]);
+        lock.op("release").reply();
     }
     eprintln!("release vs acquire: {seen:?}");
 }
@@ -449,30 +419,35 @@ fn create_racing_create_has_one_winner() {
     const RACERS: usize = 4;
     let lab = Lab::new();
     let skill = "create";
+    let lock = lab.lock(skill);
     // Creates the layout and the guard file; the lock is free afterwards.
     let (token, mut last) = lab.acquire(skill, 60);
-    lab.run(&["release", skill, "--repo", REPO, "--token", &token])
-        .expect(0, "released");
+    is(lock.release(&token), "released", "");
     for round in 0..ROUNDS {
         let mut guard = lab.hold(skill);
-        let racers: Vec<Child> = (0..RACERS)
-            .map(|_| lab.spawn(&["acquire", skill, "--repo", REPO, "--ttl", "60"]))
-            .collect();
+        let racers: Vec<Child> = (0..RACERS).map(|_| spawn(lab.acquire_cmd(skill))).collect();
         guard.wait_queued(&racers.iter().collect::<Vec<_>>());
         guard.release();
         let outs: Vec<Out> = racers.into_iter().map(finish).collect();
         let all = show(&outs.iter().map(|o| ("acquire", o)).collect::<Vec<_>>());
-        let winners: Vec<&Out> = outs.iter().filter(|o| o.code == 0).collect();
+        let replies: Vec<Reply> = outs.iter().map(Out::reply).collect();
+        let winners: Vec<&Reply> = replies
+            .iter()
+            .filter(|r| matches!(r, Reply::Acquired { .. }))
+            .collect();
         assert_eq!(winners.len(), 1, "round {round}: not one winner:\n{all}");
-        let w = winners[0].expect(0, "acquired");
-        assert!(w["took_over"].is_null(), "{all}");
-        assert_eq!(fence(w), last + 1, "round {round}:\n{all}");
-        last = fence(w);
-        for o in outs.iter().filter(|o| o.code != 0) {
-            assert_eq!(holder_fence(o.expect(3, "already_running")), last, "{all}");
+        let w = winners[0];
+        assert_eq!(w.took_over(), None, "{all}");
+        assert_eq!(w.must_fence(), last + 1, "round {round}:\n{all}");
+        last = w.must_fence();
+        for r in replies.iter().filter(|r| r.result() != "acquired") {
+            assert_eq!(
+                is(r.clone(), "already_running", &all).holder().fence,
+                last,
+                "{all}"
+            );
         }
-        lab.run(&["release", skill, "--repo", REPO])
-            .expect(0, "released");
+        is(lock.op("release").reply(), "released", &all);
     }
 }
 
@@ -485,7 +460,7 @@ fn a_queued_acquirer_blocks_until_the_guard_is_released() {
     lab.wait_expired(skill);
 
     let mut guard = lab.hold(skill);
-    let mut a = lab.spawn(&["acquire", skill, "--repo", REPO, "--ttl", "60"]);
+    let mut a = spawn(lab.acquire_cmd(skill));
     guard.wait_queued(&[&a]);
     std::thread::sleep(Duration::from_millis(200));
     assert!(
@@ -496,20 +471,17 @@ fn a_queued_acquirer_blocks_until_the_guard_is_released() {
     eprintln!("A (pid {}) waits in {:?}", a.id(), wchan(&a).trim());
     // Nothing changed meanwhile: the old lease is still the stale one.
     let v = lab.status(skill);
-    assert_eq!(
-        (v["state"].as_str(), holder_fence(&v)),
-        (Some("stale"), old_fence),
-        "{v}"
-    );
+    assert_eq!((v.state(), v.holder().fence), ("stale", old_fence), "{v:?}");
 
     guard.release();
-    let out = finish(a);
-    let got = out.expect(0, "acquired");
-    assert_eq!(got["took_over"]["reason"], "expired", "{got}");
-    assert_eq!(holder_fence(&got["took_over"]), old_fence, "{got}");
-    assert_eq!(fence(got), old_fence + 1, "{got}");
-    lab.run(&["check", skill, "--repo", REPO, "--token", &old_token])
-        .expect(4, "not_owner");
+    let got = is(finish(a).reply(), "acquired", "");
+    assert_eq!(
+        got.took_over_from(),
+        Some(("expired", Some(old_fence))),
+        "{got:?}"
+    );
+    assert_eq!(got.must_fence(), old_fence + 1, "{got:?}");
+    is(lab.lock(skill).check(&old_token), "not_owner", "");
 }
 
 /// Fully deterministic: the test changes the lock while it holds the guard
@@ -519,46 +491,41 @@ fn a_queued_acquirer_blocks_until_the_guard_is_released() {
 fn a_queued_process_decides_on_the_state_it_reads_under_the_guard() {
     let lab = Lab::new();
     let skill = "decide";
+    let lock = lab.lock(skill);
     let stash = lab.run_dir().join("stash");
     // A live record with a known token, kept aside; the lock is then free.
     let (token, f1) = lab.acquire(skill, 600);
     std::fs::rename(lab.lock_dir(skill), &stash).unwrap();
-    assert_eq!(lab.status(skill)["state"], "free");
+    assert_eq!(lock.state(), "free");
 
     // 1. Free when A queued; published under the guard; A must see it held.
     let mut guard = lab.hold(skill);
-    let a = lab.spawn(&["acquire", skill, "--repo", REPO, "--ttl", "60"]);
+    let a = spawn(lab.acquire_cmd(skill));
     guard.wait_queued(&[&a]);
     std::fs::rename(&stash, lab.lock_dir(skill)).unwrap();
     guard.release();
-    let out = finish(a);
-    assert_eq!(
-        holder_fence(out.expect(3, "already_running")),
-        f1,
-        "{}",
-        out.stdout
-    );
+    let got = is(finish(a).reply(), "already_running", "");
+    assert_eq!(got.holder().fence, f1, "{got:?}");
 
     // 2. Held when B queued; removed under the guard (as a release does:
     //    renamed away); B must find it free and take the next fence.
     let mut guard = lab.hold(skill);
-    let b = lab.spawn(&["acquire", skill, "--repo", REPO, "--ttl", "60"]);
+    let b = spawn(lab.acquire_cmd(skill));
     guard.wait_queued(&[&b]);
     std::fs::rename(lab.lock_dir(skill), &stash).unwrap();
     guard.release();
-    let out = finish(b);
-    let got = out.expect(0, "acquired");
-    assert!(got["took_over"].is_null(), "{got}");
-    assert_eq!(fence(got), f1 + 1, "{got}");
+    let got = is(finish(b).reply(), "acquired", "");
+    assert_eq!(got.took_over(), None, "{got:?}");
+    assert_eq!(got.must_fence(), f1 + 1, "{got:?}");
 
     // 3. A renew with the stashed token queued while B holds the lock: the
     //    record it reads under the guard is B's, so it is not_owner.
     let mut guard = lab.hold(skill);
-    let r = lab.spawn(&["renew", skill, "--repo", REPO, "--token", &token]);
+    let r = spawn(lock.op("renew").token(&token));
     guard.wait_queued(&[&r]);
     guard.release();
-    let out = finish(r);
-    assert_eq!(holder_fence(out.expect(4, "not_owner")), f1 + 1);
+    let got = is(finish(r).reply(), "not_owner", "");
+    assert_eq!(got.holder().fence, f1 + 1);
 }
 
 /// Readers (`status`, `check`, `list`, `history`) take no guard: they answer
@@ -567,44 +534,41 @@ fn a_queued_process_decides_on_the_state_it_reads_under_the_guard() {
 fn readers_do_not_block_on_the_guard_and_see_a_complete_state() {
     let lab = Lab::new();
     let skill = "readers";
+    let lock = lab.lock(skill);
     let (token, f) = lab.acquire(skill, 600);
     let mut guard = lab.hold(skill);
     // A writer queued behind the test proves the guard really is held.
-    let writer = lab.spawn(&["renew", skill, "--repo", REPO, "--token", &token]);
+    let writer = spawn(lock.op("renew").token(&token));
     guard.wait_queued(&[&writer]);
 
     let t = Instant::now();
-    let status = finish(lab.spawn(&["status", skill, "--repo", REPO]));
-    let v = status.expect(0, "status");
-    assert_eq!(v["state"], "held", "{v}");
-    let h = &v["holder"];
-    for field in [
-        "skill",
-        "repo",
-        "started",
-        "expires",
-        "renewed",
-        "ttl",
-        "note",
-        "host",
-        "owner_pid",
-        "fence",
-    ] {
-        assert!(h.get(field).is_some(), "holder lacks {field}: {h}");
-    }
+    let status = finish(spawn(lock.op("status")));
+    // Every field of the holder is on the wire, `null` or a value: its typed
+    // mirror requires each (`renewed`, `note` and `owner_pid` too).
+    let v = status.reply();
+    assert_eq!(v.state(), "held", "{v:?}");
+    let h = v.holder();
     assert_eq!(
-        (h["skill"].as_str(), h["repo"].as_str(), holder_fence(v)),
-        (Some(skill), Some(REPO), f)
+        (h.skill.as_str(), h.repo.as_str(), h.fence),
+        (skill, REPO, f)
     );
-    let check = finish(lab.spawn(&["check", skill, "--repo", REPO, "--token", &token]));
-    assert_eq!(fence(check.expect(0, "held")), f);
-    let list = finish(lab.spawn(&["list"]));
-    let l = list.expect(0, "list");
-    assert_eq!(l["locks"].as_array().map(Vec::len), Some(1), "{l}");
-    assert_eq!(l["locks"][0]["state"], "held", "{l}");
-    let history = finish(lab.spawn(&["history", skill, "--repo", REPO]));
-    let ev = history.expect(0, "history");
-    assert_eq!(ev["events"][0]["event"], "acquired", "{ev}");
+    let check = finish(spawn(lock.op("check").token(&token))).reply();
+    assert_eq!(is(check, "held", "").must_fence(), f);
+    let list = finish(spawn(lock.store_op("list"))).reply();
+    let Reply::List { locks, .. } = &list else {
+        panic!("not a list: {list:?}");
+    };
+    assert_eq!(locks.len(), 1, "{list:?}");
+    assert_eq!(locks[0].state, "held", "{list:?}");
+    let history = finish(spawn(lock.op("history"))).reply();
+    let Reply::History { events, .. } = &history else {
+        panic!("not a history: {history:?}");
+    };
+    assert_eq!(
+        events.first().map(|e| e.event.as_str()),
+        Some("acquired"),
+        "{history:?}"
+    );
     assert!(
         t.elapsed() < Duration::from_secs(10),
         "readers took {:?} with the guard held",
@@ -617,8 +581,8 @@ fn readers_do_not_block_on_the_guard_and_see_a_complete_state() {
         "the writer did not wait for the guard"
     );
     guard.release();
-    let out = finish(writer);
-    assert_eq!(fence(out.expect(0, "renewed")), f);
+    let got = is(finish(writer).reply(), "renewed", "");
+    assert_eq!(got.must_fence(), f);
 }
 
 /// Was BUG-1 (docs/stress.md), fixed: a reader takes no guard and reads a lock in two
@@ -723,24 +687,21 @@ fn a_reader_never_sees_corrupt_during_a_takeover() {
 fn a_lease_is_never_shorter_than_asked_when_the_guard_was_busy() {
     let lab = Lab::new();
     let skill = "shortened";
+    let lock = lab.lock(skill);
     let (token, _) = lab.acquire(skill, 60);
-    lab.run(&["release", skill, "--repo", REPO, "--token", &token])
-        .expect(0, "released");
+    is(lock.release(&token), "released", "");
     let mut guard = lab.hold(skill);
-    let a = lab.spawn(&["acquire", skill, "--repo", REPO, "--ttl", "1"]);
+    let a = spawn(lock.op("acquire").ttl(1));
     guard.wait_queued(&[&a]);
     std::thread::sleep(Duration::from_millis(2_100));
     guard.release();
-    let out = finish(a);
-    let got = out.expect(0, "acquired").clone();
-    let token = got["token"].as_str().unwrap();
+    let got = is(finish(a).reply(), "acquired", "");
     // Right after `acquired` with --ttl 1, the lease must still be live.
-    let check = lab.run(&["check", skill, "--repo", REPO, "--token", token]);
+    let check = lock.check(got.token());
     assert_eq!(
-        (check.code, check.json["result"].as_str()),
-        (0, Some("held")),
-        "acquired {got}\nthen check: {}",
-        check.stdout
+        check.result(),
+        "held",
+        "acquired {got:?}\nthen check: {check:?}"
     );
 }
 
@@ -754,30 +715,25 @@ fn a_lease_is_never_shorter_than_asked_when_the_guard_was_busy() {
 fn a_record_with_an_unwritable_time_is_corrupt_consistently() {
     let lab = Lab::new();
     let skill = "roundtrip";
+    let lock = lab.lock(skill);
     let (token, _f) = lab.acquire(skill, 600);
-    let record = lab.lock_dir(skill).join("owner.json");
-    let mut v: Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
     // A valid RFC 3339 time: one minute past midnight of year 0 in +00:01.
-    v["started"] = Value::from("0000-01-01T00:00:00+00:01");
-    let mut guard = lab.hold(skill);
-    let tmp = lab.lock_dir(skill).join("owner.json.test");
-    std::fs::write(&tmp, serde_json::to_vec(&v).unwrap()).unwrap();
-    std::fs::rename(&tmp, &record).unwrap();
-    guard.release();
-    let before = lab.status(skill);
+    lab.set_started(skill, "0000-01-01T00:00:00+00:01");
+    let before = lock.status();
     assert_eq!(
-        (before["state"].as_str(), before["stale_reason"].as_str()),
-        (Some("stale"), Some("corrupt")),
-        "{before}"
+        (before.state(), before.stale_reason()),
+        ("stale", Some("corrupt")),
+        "{before:?}"
     );
-    let renew = lab.run(&["renew", skill, "--repo", REPO, "--token", &token]);
-    renew.expect(4, "not_held");
-    let after = lab.status(skill);
-    assert_eq!(after["stale_reason"], "corrupt", "{after}");
-    let taken = lab.run(&["acquire", skill, "--repo", REPO]);
+    let renew = lock.renew(&token);
+    assert!(matches!(renew, Reply::NotHeld { .. }), "{renew:?}");
+    let after = lock.status();
+    assert_eq!(after.stale_reason(), Some("corrupt"), "{after:?}");
+    let taken = lock.acquire().is("acquired");
     assert_eq!(
-        taken.expect(0, "acquired")["took_over"]["reason"],
-        "corrupt"
+        taken.took_over_from().map(|(reason, _)| reason),
+        Some("corrupt"),
+        "{taken:?}"
     );
 }
 
@@ -793,22 +749,16 @@ fn a_record_with_an_unwritable_time_is_corrupt_consistently() {
 fn a_record_with_a_time_past_year_9999_in_utc_is_corrupt_not_a_crash() {
     let lab = Lab::new();
     let skill = "year10000";
+    let lock = lab.lock(skill);
     lab.acquire(skill, 600);
-    let record = lab.lock_dir(skill).join("owner.json");
-    let mut v: Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
-    v["started"] = Value::from("9999-12-31T23:59:59-00:01");
-    let mut guard = lab.hold(skill);
-    let tmp = lab.lock_dir(skill).join("owner.json.test");
-    std::fs::write(&tmp, serde_json::to_vec(&v).unwrap()).unwrap();
-    std::fs::rename(&tmp, &record).unwrap();
-    guard.release();
-    let status = lab.run(&["status", skill, "--repo", REPO]);
-    let got = status.expect(0, "status");
-    assert_eq!(got["stale_reason"], "corrupt", "{got}");
-    let taken = lab.run(&["acquire", skill, "--repo", REPO]);
+    lab.set_started(skill, "9999-12-31T23:59:59-00:01");
+    let got = lock.status();
+    assert_eq!(got.stale_reason(), Some("corrupt"), "{got:?}");
+    let taken = lock.acquire().is("acquired");
     assert_eq!(
-        taken.expect(0, "acquired")["took_over"]["reason"],
-        "corrupt"
+        taken.took_over_from().map(|(reason, _)| reason),
+        Some("corrupt"),
+        "{taken:?}"
     );
 }
 

@@ -11,6 +11,7 @@
 use crate::common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -19,7 +20,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{BIN, Cmd, Out, Rng, TestEnv, Value, must_fence, must_holder_fence};
+use common::run_verbs::wrapped;
+use common::verbs::{Holder, Lock, Reply};
+use common::{Cmd, Out, Rng, TestEnv};
 
 const SKILL: &str = "race";
 const REPO: &str = "o/r";
@@ -52,28 +55,25 @@ impl Gate {
         Self { path, fifo }
     }
 
-    fn spawn(&self, repo: &Path, args: &[String]) -> Child {
-        let mut cmd = Command::new("bash");
-        cmd.arg("-c")
-            .arg(r#"IFS= read -r _ < "$0" || exit 97; exec "$@""#)
-            .arg(&self.path)
-            .arg(BIN)
-            .args(args)
-            .current_dir(repo)
-            .env_clear();
-        if let Some(path) = std::env::var_os("PATH") {
-            cmd.env("PATH", path);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("bash runs")
+    /// `cmd` (its program, arguments, directory and environment), started
+    /// behind the gate.
+    fn spawn(&self, cmd: Cmd) -> Child {
+        let script = OsStr::new(r#"IFS= read -r _ < "$0" || exit 97; exec "$@""#);
+        wrapped(
+            cmd,
+            "bash",
+            &[OsStr::new("-c"), script, self.path.as_os_str()],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("bash runs")
     }
 
     /// Starts every command, lets them all go at once, returns their outputs in order.
-    fn race(&mut self, repo: &Path, cmds: &[Vec<String>]) -> Vec<Out> {
-        let children: Vec<Child> = cmds.iter().map(|a| self.spawn(repo, a)).collect();
+    fn race(&mut self, cmds: Vec<Cmd>) -> Vec<Out> {
+        let children: Vec<Child> = cmds.into_iter().map(|c| self.spawn(c)).collect();
         // Give the shells a moment to reach the gate (not required for correctness).
         std::thread::sleep(Duration::from_millis(30));
         self.fifo
@@ -86,34 +86,16 @@ impl Gate {
     }
 }
 
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| (*s).to_owned()).collect()
+/// The lock every race here is about.
+fn lock(repo: &Path) -> Lock {
+    Lock::new(repo, SKILL, REPO)
 }
 
-fn acquire_args(ttl: u64) -> Vec<String> {
-    strings(&["acquire", SKILL, "--repo", REPO, "--ttl", &ttl.to_string()])
-}
-
-fn run(repo: &Path, args: &[&str]) -> Out {
-    Cmd::new(repo).args(args).run()
-}
-
-fn acquire(repo: &Path, extra: &[&str]) -> Out {
-    let mut args = vec!["acquire", SKILL, "--repo", REPO];
-    args.extend_from_slice(extra);
-    run(repo, &args)
-}
-
-fn status(repo: &Path) -> Out {
-    run(repo, &["status", SKILL, "--repo", REPO])
-}
-
-#[track_caller]
-fn token_of(v: &Value) -> String {
-    v["token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no token in {v}"))
-        .to_owned()
+/// `n` acquires of the lock with a `ttl` lease.
+fn acquires(repo: &Path, n: usize, ttl: u64) -> Vec<Cmd> {
+    (0..n)
+        .map(|_| lock(repo).op("acquire").ttl(ttl).cmd())
+        .collect()
 }
 
 fn describe(outs: &[Out]) -> String {
@@ -132,63 +114,52 @@ fn describe(outs: &[Out]) -> String {
 
 /// Polls `status` until the lock is stale (a ttl-1 lease runs out within 2 s).
 #[track_caller]
-fn wait_stale(repo: &Path, reason: &str) -> Value {
+fn wait_stale(repo: &Path, reason: &str) -> Reply {
     let start = Instant::now();
     loop {
-        let out = status(repo);
-        let v = out.expect(0, "status").clone();
-        match v["state"].as_str() {
-            Some("stale") => {
-                assert_eq!(v["stale_reason"], reason, "{v}");
+        let v = lock(repo).status();
+        match v.state() {
+            "stale" => {
+                assert_eq!(v.stale_reason(), Some(reason), "{v:?}");
                 return v;
             }
-            Some("held") => {}
-            _ => panic!("lock neither held nor stale while waiting for its lease to end: {v}"),
+            "held" => {}
+            _ => panic!("lock neither held nor stale while waiting for its lease to end: {v:?}"),
         }
         assert!(
             start.elapsed() < Duration::from_secs(15),
-            "lock still held 15 s after being taken with a short lease: {v}"
+            "lock still held 15 s after being taken with a short lease: {v:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// Asserts a holder record is complete (SPEC §4).
+/// Asserts a holder record is complete (SPEC §4). Its typed mirror has
+/// every field and refuses any other (`token`, `token_sha256`...).
 #[track_caller]
-fn assert_complete_holder(h: &Value, context: &str) {
-    assert_eq!(h["skill"], SKILL, "{context}: {h}");
-    assert_eq!(h["repo"], REPO, "{context}: {h}");
-    for f in ["started", "expires"] {
-        assert!(
-            h[f].as_str().is_some_and(|s| s.ends_with('Z')),
-            "{context}: {f} missing in {h}"
-        );
+fn assert_complete_holder(h: &Holder, context: &str) {
+    assert_eq!(
+        (h.skill.as_str(), h.repo.as_str()),
+        (SKILL, REPO),
+        "{context}: {h:?}"
+    );
+    for (f, t) in [("started", &h.started), ("expires", &h.expires)] {
+        assert!(t.ends_with('Z'), "{context}: {f} not UTC in {h:?}");
     }
-    assert!(
-        h["ttl"].as_u64().is_some_and(|t| t > 0),
-        "{context}: ttl missing in {h}"
-    );
-    assert!(
-        h["fence"].as_u64().is_some_and(|f| f > 0),
-        "{context}: fence missing in {h}"
-    );
-    assert!(
-        h.get("token").is_none() && h.get("token_sha256").is_none(),
-        "{context}: {h}"
-    );
+    assert!(h.ttl > 0, "{context}: ttl missing in {h:?}");
+    assert!(h.fence > 0, "{context}: fence missing in {h:?}");
 }
 
 /// Splits a race of acquirers into the one winner and the losers, asserting
 /// that every racer either acquired (0) or found the lock held (3).
 #[track_caller]
-fn one_winner(outs: &[Out], round: usize) -> Value {
+fn one_winner(outs: &[Out], round: usize) -> Reply {
     let mut winners = Vec::new();
+    let mut losers = Vec::new();
     for o in outs {
-        match o.code {
-            0 => winners.push(o.expect(0, "acquired").clone()),
-            3 => {
-                o.expect(3, "already_running");
-            }
+        match o.reply() {
+            w @ Reply::Acquired { .. } => winners.push(w),
+            l @ Reply::AlreadyRunning { .. } => losers.push(l),
             _ => panic!(
                 "round {round}: racer neither acquired nor found it held:\n{}",
                 describe(outs)
@@ -203,24 +174,36 @@ fn one_winner(outs: &[Out], round: usize) -> Value {
     );
     let w = winners.pop().unwrap();
     // Every loser saw the winner's lock, not some other record.
-    for o in outs.iter().filter(|o| o.code == 3) {
+    for l in &losers {
         assert_eq!(
-            must_holder_fence(&o.json),
-            must_fence(&w),
-            "round {round}: loser saw another holder: {}",
-            o.stdout
+            l.holder().fence,
+            w.must_fence(),
+            "round {round}: loser saw another holder: {l:?}"
         );
-        assert_complete_holder(&o.json["holder"], "already_running");
+        assert_complete_holder(l.holder(), "already_running");
     }
     w
 }
 
 #[track_caller]
 fn release_token(repo: &Path, token: &str, fence: u64) {
-    let out = run(repo, &["release", SKILL, "--repo", REPO, "--token", token]);
-    let v = out.expect(0, "released");
-    assert_eq!(must_holder_fence(v), fence, "{v}");
-    assert_eq!(v["forced"], false, "{v}");
+    let v = lock(repo).release(token);
+    assert!(matches!(v, Reply::Released { forced: false, .. }), "{v:?}");
+    assert_eq!(v.holder().fence, fence, "{v:?}");
+}
+
+/// A release without a token (it always works on a free or held lock):
+/// `released` or `not_held`, exit 0.
+#[track_caller]
+fn reset(repo: &Path, round: usize) {
+    let out = lock(repo).op("release").run();
+    let r = out.reply();
+    assert!(
+        out.code == 0 && matches!(r, Reply::Released { .. } | Reply::NotHeld { .. }),
+        "round {round}: reset failed: {} {}",
+        out.stdout,
+        out.stderr
+    );
 }
 
 #[test]
@@ -228,26 +211,21 @@ fn twenty_processes_one_free_lock_one_winner() {
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
     let mut gate = Gate::new(&env, "gate");
-    let cmds: Vec<Vec<String>> = (0..24).map(|_| acquire_args(60)).collect();
     let mut last_fence = 0;
     for round in 0..15 {
-        let outs = gate.race(&repo, &cmds);
+        let outs = gate.race(acquires(&repo, 24, 60));
         let w = one_winner(&outs, round);
-        assert!(w["took_over"].is_null(), "a free lock was taken over: {w}");
-        let fence = must_fence(&w);
+        assert_eq!(w.took_over(), None, "a free lock was taken over: {w:?}");
+        let fence = w.must_fence();
         assert!(
             fence > last_fence,
             "round {round}: fence {fence} after {last_fence}"
         );
         last_fence = fence;
-        let v = status(&repo).expect(0, "status").clone();
-        assert_eq!(
-            (v["state"].as_str(), must_holder_fence(&v)),
-            (Some("held"), fence),
-            "{v}"
-        );
-        release_token(&repo, &token_of(&w), fence);
-        assert_eq!(status(&repo).expect(0, "status")["state"], "free");
+        let v = lock(&repo).status();
+        assert_eq!((v.state(), v.holder().fence), ("held", fence), "{v:?}");
+        release_token(&repo, w.token(), fence);
+        assert_eq!(lock(&repo).state(), "free");
     }
 }
 
@@ -262,7 +240,6 @@ fn takeover_rounds(
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
     let mut gate = Gate::new(&env, "gate");
-    let cmds: Vec<Vec<String>> = (0..racers).map(|_| acquire_args(60)).collect();
     let mut last_fence = 0;
     for round in 0..rounds {
         let stale_fence = make_stale(&repo);
@@ -271,39 +248,39 @@ fn takeover_rounds(
             "round {round}: fence {stale_fence} after {last_fence}"
         );
         let v = wait_stale(&repo, reason);
-        assert_eq!(must_holder_fence(&v), stale_fence, "{v}");
+        assert_eq!(v.holder().fence, stale_fence, "{v:?}");
 
-        let outs = gate.race(&repo, &cmds);
+        let outs = gate.race(acquires(&repo, racers, 60));
         let w = one_winner(&outs, round);
-        assert_eq!(w["took_over"]["reason"], reason, "round {round}: {w}");
         assert_eq!(
-            must_holder_fence(&w["took_over"]),
-            stale_fence,
-            "round {round}: {w}"
+            w.took_over_from(),
+            Some((reason, Some(stale_fence))),
+            "round {round}: {w:?}"
         );
-        let fence = must_fence(&w);
+        let fence = w.must_fence();
         assert!(
             fence > stale_fence,
             "round {round}: takeover fence {fence} after {stale_fence}"
         );
         last_fence = fence;
 
-        let v = status(&repo).expect(0, "status").clone();
-        assert_eq!(
-            (v["state"].as_str(), must_holder_fence(&v)),
-            (Some("held"), fence),
-            "{v}"
-        );
-        let token = token_of(&w);
-        run(&repo, &["check", SKILL, "--repo", REPO, "--token", &token]).expect(0, "held");
-        release_token(&repo, &token, fence);
+        let v = lock(&repo).status();
+        assert_eq!((v.state(), v.holder().fence), ("held", fence), "{v:?}");
+        let c = lock(&repo).check(w.token());
+        assert_eq!(c.result(), "held", "{c:?}");
+        release_token(&repo, w.token(), fence);
     }
 }
 
 #[test]
 fn sixteen_takeovers_of_one_stale_lock_one_winner() {
     takeover_rounds(10, 16, "expired", |repo| {
-        must_fence(acquire(repo, &["--ttl", "1"]).expect(0, "acquired"))
+        lock(repo)
+            .op("acquire")
+            .ttl(1)
+            .reply()
+            .is("acquired")
+            .must_fence()
     });
 }
 
@@ -311,18 +288,20 @@ fn sixteen_takeovers_of_one_stale_lock_one_winner() {
 fn sixteen_takeovers_of_a_dead_owners_lock_one_winner() {
     takeover_rounds(8, 16, "owner_dead", |repo| {
         let mut owner = Command::new("sleep").arg("30").spawn().expect("sleep runs");
-        let pid = owner.id().to_string();
-        let out = acquire(repo, &["--ttl", "60", "--owner-pid", &pid]);
-        let v = out.expect(0, "acquired").clone();
-        assert_eq!(v["owner_pid"].as_u64(), Some(u64::from(owner.id())), "{v}");
-        assert_eq!(
-            status(repo).expect(0, "status")["state"],
-            "held",
-            "live owner"
+        let v = lock(repo)
+            .op("acquire")
+            .ttl(60)
+            .owner_pid(owner.id())
+            .reply()
+            .is("acquired");
+        assert!(
+            matches!(v, Reply::Acquired { owner_pid: Some(p), .. } if p == owner.id()),
+            "{v:?}"
         );
+        assert_eq!(lock(repo).state(), "held");
         owner.kill().unwrap();
         owner.wait().unwrap();
-        must_fence(&v)
+        v.must_fence()
     });
 }
 
@@ -340,6 +319,7 @@ fn witness_never_sees_two_holders() {
         for id in 0..WORKERS {
             let (repo, witness, acquired) = (&repo, &witness, &acquired);
             s.spawn(move || {
+                let lock = lock(repo);
                 let mut rng = Rng::seeded(id as u64 + 1);
                 let mut log = OpenOptions::new().append(true).open(witness).unwrap();
                 let mut attempts = 0;
@@ -350,25 +330,28 @@ fn witness_never_sees_two_holders() {
                             attempts < 20_000,
                             "worker {id}: starved after {attempts} attempts"
                         );
-                        let out = acquire(repo, &["--ttl", "30"]);
-                        if out.code == 3 {
-                            out.expect(3, "already_running");
-                            std::thread::sleep(Duration::from_micros(1_000 + rng.below(7_000)));
-                            continue;
+                        let v = lock.op("acquire").ttl(30).reply();
+                        match &v {
+                            Reply::AlreadyRunning { .. } => {
+                                std::thread::sleep(Duration::from_micros(1_000 + rng.below(7_000)));
+                                continue;
+                            }
+                            Reply::Acquired { took_over, .. } => {
+                                assert!(took_over.is_none(), "a ttl-30 lock was taken over: {v:?}");
+                            }
+                            _ => panic!("worker {id}: {v:?}"),
                         }
-                        let v = out.expect(0, "acquired");
-                        assert!(
-                            v["took_over"].is_null(),
-                            "a ttl-30 lock was taken over: {v}"
-                        );
-                        break (token_of(v), must_fence(v));
+                        break (v.token().to_owned(), v.must_fence());
                     };
                     acquired.fetch_add(1, Ordering::SeqCst);
                     // One write(2) per line on an O_APPEND file: lines never interleave.
                     log.write_all(format!("enter {id} {fence}\n").as_bytes())
                         .unwrap();
-                    let out = run(repo, &["check", SKILL, "--repo", REPO, "--token", &token]);
-                    assert_eq!(must_fence(out.expect(0, "held")), fence);
+                    let c = lock.check(&token);
+                    assert!(
+                        matches!(c, Reply::Held { fence: f, .. } if f == fence),
+                        "{c:?}"
+                    );
                     std::thread::sleep(Duration::from_micros(500 + rng.below(2_500)));
                     log.write_all(format!("exit {id}\n").as_bytes()).unwrap();
                     release_token(repo, &token, fence);
@@ -422,7 +405,7 @@ fn witness_never_sees_two_holders() {
         per_worker.values().all(|&c| c == ITERATIONS),
         "{per_worker:?}"
     );
-    assert_eq!(status(&repo).expect(0, "status")["state"], "free");
+    assert_eq!(lock(&repo).state(), "free");
 }
 
 #[test]
@@ -450,10 +433,11 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
         };
         round += 1;
 
-        let mut cmd = Cmd::new(&repo)
-            .args(["acquire", SKILL, "--repo", REPO, "--ttl", "2"])
-            .command();
-        let mut child = cmd
+        let mut child = lock(&repo)
+            .op("acquire")
+            .ttl(2)
+            .cmd()
+            .command()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -466,29 +450,29 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
         let how = child.wait().unwrap();
         let killed = how.signal() == Some(libc::SIGKILL);
 
-        let out = status(&repo);
-        let v = out.expect(0, "status").clone();
-        let state = v["state"].as_str().unwrap_or_default().to_owned();
+        let v = lock(&repo).status();
+        let state = v.state().to_owned();
         match state.as_str() {
             "free" => {}
-            "held" => assert_complete_holder(&v["holder"], "held after SIGKILL"),
+            "held" => assert_complete_holder(v.holder(), "held after SIGKILL"),
             "stale" => {
                 assert_ne!(
-                    v["stale_reason"], "corrupt",
-                    "round {round}: a killed acquire left a half-written record: {v}"
+                    v.stale_reason(),
+                    Some("corrupt"),
+                    "round {round}: a killed acquire left a half-written record: {v:?}"
                 );
-                assert_eq!(v["stale_reason"], "expired", "{v}");
-                assert_complete_holder(&v["holder"], "stale after SIGKILL");
+                assert_eq!(v.stale_reason(), Some("expired"), "{v:?}");
+                assert_complete_holder(v.holder(), "stale after SIGKILL");
             }
-            _ => panic!("round {round}: unexpected state: {v}"),
+            _ => panic!("round {round}: unexpected state: {v:?}"),
         }
         let kind = format!("{state}/{}", if killed { "killed" } else { "exited" });
         *seen.entry(kind).or_default() += 1;
         if state != "free" {
-            let f = must_holder_fence(&v);
+            let f = v.holder().fence;
             assert!(
                 f > max_fence,
-                "round {round}: fence {f} not above {max_fence}: {v}"
+                "round {round}: fence {f} not above {max_fence}: {v:?}"
             );
             max_fence = f;
         }
@@ -497,40 +481,31 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
             // Crash safety: the killed holder's lease runs out; it never sticks.
             lease_checked = true;
             let stale = wait_stale(&repo, "expired");
-            assert_eq!(must_holder_fence(&stale), max_fence, "{stale}");
-            let out = acquire(&repo, &["--ttl", "60"]);
-            let w = out.expect(0, "acquired");
-            assert_eq!(w["took_over"]["reason"], "expired", "{w}");
-            assert_eq!(must_holder_fence(&w["took_over"]), max_fence, "{w}");
-            assert!(must_fence(w) > max_fence, "{w}");
-            max_fence = must_fence(w);
+            assert_eq!(stale.holder().fence, max_fence, "{stale:?}");
+            let w = lock(&repo).op("acquire").ttl(60).reply().is("acquired");
+            assert_eq!(
+                w.took_over_from(),
+                Some(("expired", Some(max_fence))),
+                "{w:?}"
+            );
+            assert!(w.must_fence() > max_fence, "{w:?}");
+            max_fence = w.must_fence();
         }
 
-        // Reset (a release without a token always works on a free or held lock).
-        let out = run(&repo, &["release", SKILL, "--repo", REPO]);
-        assert!(
-            matches!(
-                (out.code, out.json["result"].as_str()),
-                (0, Some("released" | "not_held"))
-            ),
-            "round {round}: reset failed: {} {}",
-            out.stdout,
-            out.stderr
-        );
+        reset(&repo, round);
     }
     eprintln!("sigkill outcomes over {round} rounds: {seen:?}");
 
     // A normal cycle: fence above everything seen, and it leaves no leftovers
     // of the killed runs in tmp/ or tombs/.
-    let out = acquire(&repo, &["--ttl", "60"]);
-    let w = out.expect(0, "acquired").clone();
-    assert!(w["took_over"].is_null(), "{w}");
+    let w = lock(&repo).op("acquire").ttl(60).reply().is("acquired");
+    assert_eq!(w.took_over(), None, "{w:?}");
     assert!(
-        must_fence(&w) > max_fence,
+        w.must_fence() > max_fence,
         "fence {} not above {max_fence}",
-        must_fence(&w)
+        w.must_fence()
     );
-    release_token(&repo, &token_of(&w), must_fence(&w));
+    release_token(&repo, w.token(), w.must_fence());
     for sub in ["tmp", "tombs"] {
         let left = common::tree(&run_dir.join(sub));
         assert!(
@@ -538,9 +513,11 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
             "run/{sub} not empty after a normal cycle: {left:?}"
         );
     }
-    let v = run(&repo, &["list"]).expect(0, "list").clone();
-    assert_eq!(v["tombstones"], 0, "{v}");
-    assert_eq!(v["locks"].as_array().map(Vec::len), Some(0), "{v}");
+    let v = lock(&repo).store_op("list").run().reply();
+    assert!(
+        matches!(&v, Reply::List { tombstones: 0, locks, .. } if locks.is_empty()),
+        "{v:?}"
+    );
 }
 
 #[test]
@@ -548,46 +525,53 @@ fn takeover_never_tombstones_a_fresh_lock() {
     const ROUNDS: usize = 10;
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
+    let lock = lock(&repo);
     let mut gate = Gate::new(&env, "gate");
     let mut last_fence = 0;
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     let mut rng = Rng::seeded(0xABA);
 
     for round in 0..ROUNDS {
-        let out = acquire(&repo, &["--ttl", "1"]);
-        let old = out.expect(0, "acquired").clone();
-        let (old_token, old_fence) = (token_of(&old), must_fence(&old));
+        let old = lock.op("acquire").ttl(1).reply().is("acquired");
+        let (old_token, old_fence) = (old.token(), old.must_fence());
         assert!(
             old_fence > last_fence,
             "round {round}: fence {old_fence} after {last_fence}"
         );
         wait_stale(&repo, "expired");
 
-        let mut cmds: Vec<Vec<String>> = Vec::new();
-        for i in 0..16 {
-            cmds.push(match i % 4 {
-                0 => strings(&["release", SKILL, "--repo", REPO, "--token", &old_token]),
-                2 => strings(&["renew", SKILL, "--repo", REPO, "--token", &old_token]),
-                _ => acquire_args(60),
-            });
-        }
+        let mut verbs: Vec<&str> = (0..16)
+            .map(|i| match i % 4 {
+                0 => "release",
+                2 => "renew",
+                _ => "acquire",
+            })
+            .collect();
         // A fresh order each round, so no kind of racer always goes first.
-        for i in (1..cmds.len()).rev() {
-            cmds.swap(i, usize::try_from(rng.below(i as u64 + 1)).unwrap());
+        for i in (1..verbs.len()).rev() {
+            verbs.swap(i, usize::try_from(rng.below(i as u64 + 1)).unwrap());
         }
-        let outs = gate.race(&repo, &cmds);
+        let cmds = verbs
+            .iter()
+            .map(|&verb| match verb {
+                "acquire" => lock.op(verb).ttl(60).cmd(),
+                _ => lock.op(verb).token(old_token).cmd(),
+            })
+            .collect();
+        let outs = gate.race(cmds);
         let all = describe(&outs);
+        let replies: Vec<Reply> = outs.iter().map(Out::reply).collect();
 
-        let mut winner: Option<Value> = None;
+        let mut winner: Option<&Reply> = None;
         let mut released = 0;
         let mut freed_seen = false; // a not_held answer: the lock was free at some point
-        for (cmd, o) in cmds.iter().zip(&outs) {
-            let result = o.json["result"].as_str().unwrap_or("?");
-            *outcomes.entry(format!("{} {result}", cmd[0])).or_default() += 1;
-            match (cmd[0].as_str(), o.code, result) {
+        for (&verb, (o, r)) in verbs.iter().zip(outs.iter().zip(&replies)) {
+            let result = r.result();
+            *outcomes.entry(format!("{verb} {result}")).or_default() += 1;
+            match (verb, o.code, result) {
                 ("acquire", 0, "acquired") => {
                     assert!(winner.is_none(), "round {round}: two winners:\n{all}");
-                    let how = if o.json["took_over"].is_null() {
+                    let how = if r.took_over().is_none() {
                         "of a free lock"
                     } else {
                         "by takeover"
@@ -595,12 +579,12 @@ fn takeover_never_tombstones_a_fresh_lock() {
                     *outcomes
                         .entry(format!("acquire acquired {how}"))
                         .or_default() += 1;
-                    winner = Some(o.json.clone());
+                    winner = Some(r);
                 }
                 ("acquire", 3, "already_running") => {}
                 ("release", 0, "released") => {
                     assert_eq!(
-                        must_holder_fence(&o.json),
+                        r.holder().fence,
                         old_fence,
                         "round {round}: old token released a newer lock:\n{all}"
                     );
@@ -609,19 +593,19 @@ fn takeover_never_tombstones_a_fresh_lock() {
                 ("release", 0, "not_held") | ("renew", 4, "not_held") => freed_seen = true,
                 ("release", 4, "refused") | ("renew", 4, "not_owner") => {
                     assert_ne!(
-                        must_holder_fence(&o.json),
+                        r.holder().fence,
                         old_fence,
                         "round {round}: refused its own lock:\n{all}"
                     );
                 }
                 ("renew", 0, "renewed") => {
                     assert_eq!(
-                        must_fence(&o.json),
+                        r.must_fence(),
                         old_fence,
                         "round {round}: old token renewed a newer lock:\n{all}"
                     );
                 }
-                _ => panic!("round {round}: unexpected answer to {}:\n{all}", cmd[0]),
+                _ => panic!("round {round}: unexpected answer to {verb}:\n{all}"),
             }
         }
         assert!(
@@ -633,71 +617,54 @@ fn takeover_never_tombstones_a_fresh_lock() {
             "round {round}: lock found free though never released:\n{all}"
         );
 
-        let v = status(&repo).expect(0, "status").clone();
-        if let Some(w) = &winner {
-            let fence = must_fence(w);
-            assert!(fence > old_fence, "{w}");
-            match w["took_over"].as_object() {
-                Some(t) => {
-                    assert_eq!(t["reason"], "expired", "{w}");
-                    assert_eq!(t["holder"]["fence"].as_u64(), Some(old_fence), "{w}");
-                }
+        let v = lock.status();
+        if let Some(w) = winner {
+            let fence = w.must_fence();
+            assert!(fence > old_fence, "{w:?}");
+            match w.took_over_from() {
+                Some(from) => assert_eq!(from, ("expired", Some(old_fence)), "{w:?}"),
                 None => assert_eq!(
                     released, 1,
                     "round {round}: acquired a free lock never released:\n{all}"
                 ),
             }
             // Every other answer naming a newer holder names the winner.
-            for (cmd, o) in cmds.iter().zip(&outs) {
-                if let Some(f) = o.json["holder"]["fence"].as_u64()
+            for (verb, r) in verbs.iter().zip(&replies) {
+                if let Some(f) = r.any_holder().map(|h| h.fence)
                     && f != old_fence
                 {
-                    assert_eq!(
-                        f, fence,
-                        "round {round}: {} saw a third holder:\n{all}",
-                        cmd[0]
-                    );
+                    assert_eq!(f, fence, "round {round}: {verb} saw a third holder:\n{all}");
                 }
             }
             assert_eq!(
-                (v["state"].as_str(), must_holder_fence(&v)),
-                (Some("held"), fence),
-                "round {round}: the winner's lock is gone:\n{v}\n{all}"
+                (v.state(), v.holder().fence),
+                ("held", fence),
+                "round {round}: the winner's lock is gone:\n{v:?}\n{all}"
             );
-            let token = token_of(w);
-            let c = run(&repo, &["check", SKILL, "--repo", REPO, "--token", &token]);
-            assert_eq!(must_fence(c.expect(0, "held")), fence);
-            let c = run(
-                &repo,
-                &["check", SKILL, "--repo", REPO, "--token", &old_token],
+            let c = lock.check(w.token());
+            assert!(
+                matches!(c, Reply::Held { fence: f, .. } if f == fence),
+                "{c:?}"
             );
-            c.expect(4, "not_owner");
+            let c = lock.check(old_token);
+            assert!(matches!(c, Reply::NotOwner { .. }), "{c:?}");
             last_fence = fence;
         } else {
             // No winner: the old lock was renewed (then maybe released), so
             // every acquirer found it live.
-            for (cmd, o) in cmds.iter().zip(&outs) {
-                if cmd[0] == "acquire" {
-                    assert_eq!(
-                        must_holder_fence(&o.json),
-                        old_fence,
-                        "round {round}:\n{all}"
-                    );
+            for (&verb, r) in verbs.iter().zip(&replies) {
+                if verb == "acquire" {
+                    assert_eq!(r.holder().fence, old_fence, "round {round}:\n{all}");
                 }
             }
-            match v["state"].as_str() {
-                Some("free") => assert_eq!(released, 1, "{v}"),
-                Some("held" | "stale") => assert_eq!(must_holder_fence(&v), old_fence, "{v}"),
-                _ => panic!("{v}"),
+            match v.state() {
+                "free" => assert_eq!(released, 1, "{v:?}"),
+                "held" | "stale" => assert_eq!(v.holder().fence, old_fence, "{v:?}"),
+                _ => panic!("{v:?}"),
             }
             last_fence = old_fence;
         }
-        let out = run(&repo, &["release", SKILL, "--repo", REPO]);
-        assert!(
-            matches!(out.json["result"].as_str(), Some("released" | "not_held")) && out.code == 0,
-            "{}",
-            out.stdout
-        );
+        reset(&repo, round);
     }
     eprintln!("aba outcomes over {ROUNDS} rounds: {outcomes:?}");
 }

@@ -17,58 +17,38 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::verbs::{Reply, reply};
-use common::{Cmd, TestEnv, gone};
+use common::run_verbs::{reply_line, run_command};
+use common::verbs::{Lock, Reply};
+use common::{TestEnv, gone};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
 
-/// Where the lock lives: the file store, or a git store (a `file://`
-/// remote), which judges a lock by its lease alone.
-enum Store {
-    File,
-    Git(crate::git_store::Remote),
-}
-
-/// One test's world: a repository, its store, and the pids its CMD wrote
-/// down (SIGKILLed on drop if a failing test left them running).
+/// One test's world: a repository, its store, the lock in it, and the
+/// pids its CMD wrote down (SIGKILLed on drop if a failing test left them
+/// running).
 struct World {
     env: TestEnv,
-    repo: PathBuf,
-    store: Store,
+    lock: Lock,
     pids: Vec<PathBuf>,
 }
 
 impl World {
+    /// A world on the file store, or on a git store (a `file://` remote),
+    /// which judges a lock by its lease alone.
     fn new(git: bool) -> Self {
         let env = TestEnv::new();
         let repo = env.git_repo("r");
-        let store = if git {
-            Store::Git(crate::git_store::Remote::file(&env))
+        let lock = if git {
+            crate::git_store::Remote::file(&env).lock(&repo, SKILL, REPO)
         } else {
-            Store::File
+            Lock::new(&repo, SKILL, REPO)
         };
         Self {
             env,
-            repo,
-            store,
+            lock,
             pids: Vec::new(),
         }
-    }
-
-    /// The binary with `args`, in the repository, on this world's store.
-    fn cmd(&self, args: &[&str]) -> Cmd {
-        match &self.store {
-            Store::File => Cmd::new(&self.repo),
-            Store::Git(remote) => remote.cmd(&self.repo),
-        }
-        .args(args)
-    }
-
-    fn call(&self, verb: &str, extra: &[&str]) -> Reply {
-        let mut args = vec![verb, SKILL, "--repo", REPO];
-        args.extend_from_slice(extra);
-        reply(&self.cmd(&args).run())
     }
 
     /// A file for CMD to write a pid into; remembered for the cleanup.
@@ -80,21 +60,9 @@ impl World {
 
     /// `run --ttl TTL -- sh -c SCRIPT sh ARGS...`, output captured, in a
     /// process group of its own when `own_group`.
-    fn spawn_run(&self, ttl: &str, script: &str, args: &[&Path], own_group: bool) -> Child {
-        let mut words = vec![
-            "run", SKILL, "--repo", REPO, "--ttl", ttl, "--", "sh", "-c", script, "sh",
-        ];
-        words.extend(args.iter().map(|p| p.to_str().unwrap()));
-        let mut cmd = self.cmd(&words).command();
-        // SAFETY: only async-signal-safe calls (signal) between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                    libc::signal(s, libc::SIG_DFL);
-                }
-                Ok(())
-            });
-        }
+    fn spawn_run(&self, ttl: u64, script: &str, args: &[&Path], own_group: bool) -> Child {
+        let args: Vec<&str> = args.iter().map(|p| p.to_str().unwrap()).collect();
+        let mut cmd = run_command(self.lock.op("run").ttl(ttl).sh(script, &args), false);
         if own_group {
             cmd.process_group(0);
         }
@@ -109,7 +77,7 @@ impl World {
     /// `None` when it was held (exit 3).
     #[track_caller]
     fn try_acquire(&self) -> Option<String> {
-        match self.call("acquire", &["--ttl", "60"]) {
+        match self.lock.op("acquire").ttl(60).reply() {
             r @ Reply::Acquired { .. } => Some(r.token().to_owned()),
             Reply::AlreadyRunning { .. } => None,
             other => panic!("acquire: {other:?}"),
@@ -125,7 +93,7 @@ impl World {
         let got = self.try_acquire();
         let still = alive();
         if let Some(token) = got {
-            let _ = self.call("release", &["--token", &token]);
+            let _ = self.lock.release(&token);
             assert!(
                 !(before && still),
                 "a second acquire got the lock while {what} still ran"
@@ -203,19 +171,21 @@ fn lines_seen(
     rx
 }
 
-/// The object `run` printed last, and whether `alive` held when it was read.
+/// The `ran` object `run` printed last, whether `alive` held when it was
+/// read, and all it said.
 #[track_caller]
-fn last_object(lines: &mpsc::Receiver<(String, bool)>) -> (serde_json::Value, bool, String) {
+fn last_ran(lines: &mpsc::Receiver<(String, bool)>) -> (Reply, bool, String) {
     let mut all = String::new();
-    let mut last = (serde_json::Value::Null, false);
+    let mut last = None;
     while let Ok((line, alive)) = lines.recv_timeout(Duration::from_secs(20)) {
         all.push_str(&line);
         all.push('\n');
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-            last = (v, alive);
+        if let Some(r) = reply_line(&line) {
+            last = Some((r, alive));
         }
     }
-    (last.0, last.1, all)
+    let (r, alive) = last.unwrap_or_else(|| panic!("no object: {all}"));
+    (r.is("ran"), alive, all)
 }
 
 /// Waits for `child` (at most `limit`): its exit code.
@@ -282,7 +252,7 @@ fn a_cmd_that_kills_its_own_group_never_frees_the_lock_while_its_daemon_lives() 
     let daemon_pid = w.pidfile("D");
     let heartbeat = w.env.path("HB");
     let script = format!("{DAEMON}kill -9 0");
-    let mut run = w.spawn_run("8", &script, &[&daemon_pid, &heartbeat], false);
+    let mut run = w.spawn_run(8, &script, &[&daemon_pid, &heartbeat], false);
     let daemon = until_pid(&daemon_pid);
     let lines = lines_seen(&mut run, move || !gone(daemon));
     let took = refused_while_then_acquired(
@@ -301,10 +271,9 @@ fn a_cmd_that_kills_its_own_group_never_frees_the_lock_while_its_daemon_lives() 
     thread::sleep(Duration::from_millis(300));
     assert_eq!(size(&heartbeat), beats, "the daemon still beats");
     finish(run, Duration::from_secs(20));
-    let (v, daemon_alive, stderr) = last_object(&lines);
-    assert_eq!(v["result"], "ran", "{stderr}");
+    let (r, daemon_alive, stderr) = last_ran(&lines);
     assert!(
-        !(daemon_alive && v["released"] == true),
+        !(daemon_alive && r.released()),
         "run said released while the daemon CMD started still ran: {stderr}"
     );
 }
@@ -319,7 +288,7 @@ fn wrapper_group_killed(git: bool) {
     let (cmd_pid, child_pid) = (w.pidfile("C"), w.pidfile("K"));
     // SIGTERM is ignored before either pid is written (and inherited).
     let script = r#"trap '' TERM; sh -c 'echo $$ > "$1"; while :; do sleep 0.05; done' sh "$2" & echo $$ > "$1"; while :; do sleep 0.05; done"#;
-    let mut run = w.spawn_run("10", script, &[&cmd_pid, &child_pid], true);
+    let mut run = w.spawn_run(10, script, &[&cmd_pid, &child_pid], true);
     let pids = [until_pid(&cmd_pid), until_pid(&child_pid)];
     let pgid = i32::try_from(run.id()).unwrap();
     // SAFETY: kill(2) of the process group this test made for the wrapper.
@@ -350,13 +319,13 @@ fn a_sigkilled_keeper_leaves_the_lock_to_its_lease_and_run_reports_lost() {
     let (daemon_pid, cmd_pid) = (w.pidfile("D"), w.pidfile("C"));
     let heartbeat = w.env.path("HB");
     let script = format!(r#"{DAEMON}echo $$ > "$3"; while :; do sleep 0.05; done"#);
-    let mut run = w.spawn_run("6", &script, &[&daemon_pid, &heartbeat, &cmd_pid], false);
+    let mut run = w.spawn_run(6, &script, &[&daemon_pid, &heartbeat, &cmd_pid], false);
     let (daemon, cmd) = (until_pid(&daemon_pid), until_pid(&cmd_pid));
     let lines = lines_seen(&mut run, move || !gone(daemon) || !gone(cmd));
     let Reply::Status {
         holder: Some(holder),
         ..
-    } = w.call("status", &[])
+    } = w.lock.status()
     else {
         panic!("not held while CMD runs");
     };
@@ -383,16 +352,8 @@ fn a_sigkilled_keeper_leaves_the_lock_to_its_lease_and_run_reports_lost() {
         "CMD's processes ended before any acquire could be tried"
     );
     let code = finish(run, Duration::from_secs(20));
-    let (v, _, stderr) = last_object(&lines);
-    assert_eq!(
-        (
-            v["result"].as_str(),
-            v["lost"].as_bool(),
-            v["released"].as_bool()
-        ),
-        (Some("ran"), Some(true), Some(false)),
-        "{stderr}"
-    );
+    let (r, _, stderr) = last_ran(&lines);
+    assert_eq!((r.lost(), r.released()), (true, false), "{stderr}");
     assert!(code.is_some_and(|c| c > 128), "{code:?}: {stderr}");
     assert_left_to_its_lease(&w);
 }
@@ -404,7 +365,7 @@ fn assert_left_to_its_lease(w: &World) {
     let first = Instant::now();
     let mut left = None;
     loop {
-        match w.call("status", &[]) {
+        match w.lock.status() {
             Reply::Status {
                 state, expires_in, ..
             } if state == "held" => {

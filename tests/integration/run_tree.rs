@@ -19,7 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, Cmd, TestEnv, gone};
+use common::run_verbs::run_command;
+use common::verbs::Lock;
+use common::{BIN, TestEnv, gone};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -81,41 +83,24 @@ impl World {
         })
     }
 
-    /// The binary with `args`, the store, and the writer's environment.
-    fn cmd(&self, args: &[&str]) -> Cmd {
-        let mut cmd = Cmd::new(&self.repo)
-            .args(args)
-            .env("WRITER", &self.writer)
-            .env("W", &self.witness)
-            .env("PIDS", &self.pids);
-        if let Some(store) = &self.store {
-            cmd = cmd.env("SKILL_LOCK_STORE", store);
+    /// The lock, on the store, with the writer's environment.
+    fn lock(&self) -> Lock {
+        let lock = Lock::new(&self.repo, SKILL, REPO)
+            .with_env("WRITER", &self.writer)
+            .with_env("W", &self.witness)
+            .with_env("PIDS", &self.pids);
+        match &self.store {
+            Some(store) => lock.with_env("SKILL_LOCK_STORE", store),
+            None => lock,
         }
-        cmd
     }
 
     /// `run --ttl TTL -- sh -c SCRIPT`, with the forwarded signals at their
     /// defaults, output discarded, and `setsid` first when asked.
-    fn spawn_run(&self, ttl: &str, script: &str, own_session: bool) -> Child {
-        let mut cmd = self
-            .cmd(&[
-                "run", SKILL, "--repo", REPO, "--ttl", ttl, "--", "sh", "-c", script,
-            ])
-            .command();
-        // SAFETY: only async-signal-safe calls (signal, setsid) between
-        // fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                    libc::signal(s, libc::SIG_DFL);
-                }
-                if own_session {
-                    libc::setsid();
-                }
-                Ok(())
-            });
-        }
-        cmd.stdin(Stdio::null())
+    fn spawn_run(&self, ttl: u64, script: &str, own_session: bool) -> Child {
+        let call = self.lock().op("run").ttl(ttl).command(["sh", "-c", script]);
+        run_command(call, own_session)
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -140,19 +125,13 @@ impl World {
     /// that followed its first one.
     #[track_caller]
     fn next_holder_counts_late_writes(&self) -> (u64, usize) {
-        let out = self
-            .cmd(&[
-                "acquire", SKILL, "--repo", REPO, "--wait", "20", "--ttl", "60",
-            ])
-            .run();
+        let got = self.lock().op("acquire").wait(20).ttl(60).reply();
         assert_eq!(
-            (out.code, out.json["result"].as_str()),
-            (0, Some("acquired")),
-            "the next holder never got the lock: {} {}",
-            out.stdout,
-            out.stderr
+            got.result(),
+            "acquired",
+            "the next holder never got the lock: {got:?}"
         );
-        let fence = out.json["fence"].as_u64().unwrap();
+        let fence = got.must_fence();
         for _ in 0..2 {
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new()
@@ -240,7 +219,7 @@ fn daemon_escapes(store: Store) {
     let Some(w) = World::new(store, "daemon_escapes") else {
         return;
     };
-    let run = w.spawn_run("5", r#"setsid "$WRITER" & sleep .3"#, false);
+    let run = w.spawn_run(5, r#"setsid "$WRITER" & sleep .3"#, false);
     w.until_written();
     wait_bounded(run);
     w.assert_no_late_writes("a setsid daemon");
@@ -262,7 +241,7 @@ fn group_kill(store: Store) {
     let Some(w) = World::new(store, "group_kill") else {
         return;
     };
-    let run = w.spawn_run("3", r#"exec "$WRITER""#, true);
+    let run = w.spawn_run(3, r#"exec "$WRITER""#, true);
     w.until_written();
     let pgid = i32::try_from(run.id()).unwrap();
     sigkill_group(pgid);
@@ -288,7 +267,7 @@ fn triple_fork(store: Store) {
         return;
     };
     let script = r#"( setsid sh -c '( ( "$WRITER" & ) & )' & ); sleep .3"#;
-    let run = w.spawn_run("5", script, false);
+    let run = w.spawn_run(5, script, false);
     w.until_written();
     wait_bounded(run);
     w.assert_no_late_writes("a triple-forked daemon");
@@ -312,7 +291,7 @@ fn leaves_group(store: Store) {
         return;
     };
     let script = r#"exec perl -e 'close STDIN; close STDOUT; close STDERR; setpgrp(0, 0) or die; exec $ENV{WRITER} or die'"#;
-    let run = w.spawn_run("3", script, false);
+    let run = w.spawn_run(3, script, false);
     w.until_written();
     let pid = i32::try_from(run.id()).unwrap();
     // SAFETY: kill(2) of the wrapper this test started (not reaped yet).

@@ -7,9 +7,12 @@
 //!
 //! Covers: SPEC §6, §9.
 
+use std::ffi::OsStr;
 use std::process::{Command, Stdio};
 
-use crate::common::*;
+use crate::common::run_verbs::wrapped;
+use crate::common::verbs::{Lock, Reply};
+use crate::common::{Cmd, Out, TestEnv};
 
 /// How `unshare` may make a pid namespace with its own `/proc` here.
 fn unshare_pid_args() -> Option<Vec<&'static str>> {
@@ -28,21 +31,19 @@ fn unshare_pid_args() -> Option<Vec<&'static str>> {
     })
 }
 
-/// Runs the binary as pid 1 of a fresh pid namespace; returns what it
-/// printed and the namespace's inode number.
-fn in_fresh_ns(unshare: &[&str], cwd: &std::path::Path, args: &[&str]) -> (Out, String) {
-    let out = Command::new("unshare")
-        .args(unshare)
-        .args([
+/// Runs `cmd` as pid 1 of a fresh pid namespace; returns what it printed
+/// and the namespace's inode number.
+fn in_fresh_ns(unshare: &[&str], cmd: impl Into<Cmd>) -> (Out, String) {
+    let mut pre: Vec<&OsStr> = unshare.iter().map(OsStr::new).collect();
+    pre.extend(
+        [
             "sh",
             "-c",
             "readlink /proc/self/ns/pid >&2; exec \"$0\" \"$@\"",
-        ])
-        .arg(BIN)
-        .args(args)
-        .current_dir(cwd)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        ]
+        .map(OsStr::new),
+    );
+    let out = wrapped(cmd, "unshare", &pre)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -60,40 +61,30 @@ fn an_owner_pid_from_an_earlier_calls_namespace_is_judged_by_the_lease_even_when
     };
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
-    let lock = ["--repo", "apache/example"];
+    let lock = Lock::new(&repo, "pidns", "apache/example");
     let mut reused = 0;
     for attempt in 0..20u64 {
         // The owner is the acquiring process itself, pid 1 of its namespace,
         // which ends with it (as a sandboxed shell call ends).
-        let (acq, first) = in_fresh_ns(
-            &unshare,
-            &repo,
-            &[
-                &["acquire", "pidns", "--owner-pid", "1", "--ttl", "600"][..],
-                &lock,
-            ]
-            .concat(),
-        );
-        acq.expect(0, "acquired");
+        let (acq, first) = in_fresh_ns(&unshare, lock.op("acquire").owner_pid(1).ttl(600));
+        let got = acq.reply();
+        assert!(matches!(got, Reply::Acquired { .. }), "{got:?}");
         // The next call: pid 1 again, another process in another namespace.
         // (An ended namespace's number is freed a moment after it ends, as
         // between two shell calls of an agent.)
         std::thread::sleep(std::time::Duration::from_millis(20 * (attempt + 1)));
-        let (status, second) =
-            in_fresh_ns(&unshare, &repo, &[&["status", "pidns"][..], &lock].concat());
-        let v = status.expect(0, "status");
+        let (status, second) = in_fresh_ns(&unshare, lock.op("status"));
         assert_eq!(
-            v["state"], "held",
+            status.reply().state(),
+            "held",
             "a record from another pid namespace ({first}, judged from {second}) was judged by its pid: {}",
             status.stdout
         );
         if first == second {
             reused += 1;
         }
-        env.cmd(&repo)
-            .args([&["release", "pidns"][..], &lock].concat())
-            .run()
-            .expect(0, "released");
+        let released = lock.op("release").reply();
+        assert!(matches!(released, Reply::Released { .. }), "{released:?}");
         if reused >= 3 {
             break;
         }

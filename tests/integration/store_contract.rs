@@ -5,14 +5,16 @@
 //!
 //! Covers: SPEC §2.7, §8.
 
-use crate::common::{BIN, TestEnv};
+use crate::common::run_verbs::{GitState, typed};
+use crate::common::verbs::{Reply, run_reply};
+use crate::common::{BIN, Out, TestEnv};
 use crate::git_store::{Remote, foreign_state, plant};
 use std::process::Command;
 
 /// Seconds since the epoch of an RFC 3339 UTC timestamp the tool printed.
-fn secs(v: &serde_json::Value) -> i64 {
+fn secs(t: &str) -> i64 {
     let out = Command::new("date")
-        .args(["-u", "-d", v.as_str().unwrap(), "+%s"])
+        .args(["-u", "-d", t, "+%s"])
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
@@ -23,53 +25,44 @@ fn a_git_holder_is_shown_as_stored_and_every_answer_judges_it_with_the_allowance
     let env = TestEnv::new();
     let cwd = env.dir("w");
     let remote = Remote::file(&env);
+    let lock = || remote.lock(&cwd, "s", "o/r");
     // Another machine's lock, expired 5 s ago by this clock: inside the
     // 30 s allowance, so still held.
     let planted = foreign_state(5);
     plant(&env.path("remote.git"), "s@o__r", &planted);
-    let stored = &planted["record"];
-    let held = remote
-        .cmd(&cwd)
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let held = held.expect(3, "already_running");
+    let stored = typed::<GitState>(&planted).record;
+    let held = lock().acquire();
+    let Reply::AlreadyRunning {
+        holder, expires_in, ..
+    } = &held
+    else {
+        panic!("not held: {held:?}");
+    };
     // The holder as it was written: its own `expires` (the allowance is in
     // `expires_in` and `clock_skew`, never in the record) and its pid.
-    assert_eq!(
-        secs(&held["holder"]["expires"]),
-        secs(&stored["expires"]),
-        "{held}"
-    );
-    assert_eq!(held["holder"]["owner_pid"], 4242, "{held}");
-    let left = held["expires_in"].as_u64().unwrap();
-    assert!((20..=26).contains(&left), "{held}");
+    assert_eq!(secs(&holder.expires), secs(&stored.expires), "{held:?}");
+    assert_eq!(holder.owner_pid, Some(4242), "{held:?}");
+    let left = *expires_in;
+    assert!((20..=26).contains(&left), "{held:?}");
     // A renew with another token is judged the same way: the lease it
     // reports is the one a takeover waits for.
-    let refused = remote
-        .cmd(&cwd)
-        .args(["renew", "s", "--repo", "o/r", "--token", "not-the-token"])
-        .run();
-    let refused = refused.expect(4, "not_owner");
-    let theirs = refused["expires_in"].as_u64().unwrap();
-    assert!(theirs.abs_diff(left) <= 2, "{refused} vs {held}");
-    assert_eq!(
-        secs(&refused["holder"]["expires"]),
-        secs(&stored["expires"])
-    );
+    let refused = lock().renew("not-the-token");
+    let refused = refused.is("not_owner");
+    let theirs = refused.expires_in().expect("expires_in");
+    assert!(theirs.abs_diff(left) <= 2, "{refused:?} vs {held:?}");
+    let theirs = refused.holder();
+    assert_eq!(secs(&theirs.expires), secs(&stored.expires));
     // Taken over past a small allowance: the holder replaced is the stored one.
-    let took = remote
-        .cmd(&cwd)
-        .env("SKILL_LOCK_CLOCK_SKEW", "2")
-        .args(["acquire", "s", "--repo", "o/r"])
-        .run();
-    let took = took.expect(0, "acquired");
-    let replaced = &took["took_over"]["holder"];
-    assert_eq!(
-        secs(&replaced["expires"]),
-        secs(&stored["expires"]),
-        "{took}"
-    );
-    assert_eq!(replaced["owner_pid"], 4242, "{took}");
+    let took = lock()
+        .with_env("SKILL_LOCK_CLOCK_SKEW", "2")
+        .acquire()
+        .is("acquired");
+    let replaced = took
+        .took_over()
+        .and_then(|t| t.holder.as_ref())
+        .unwrap_or_else(|| panic!("no holder taken over: {took:?}"));
+    assert_eq!(secs(&replaced.expires), secs(&stored.expires), "{took:?}");
+    assert_eq!(replaced.owner_pid, Some(4242), "{took:?}");
 }
 
 #[test]
@@ -86,15 +79,13 @@ fn run_prints_its_one_object_on_stderr_even_when_the_environment_cannot_be_read(
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stdout} {stderr}");
-    assert_eq!(stdout, "", "run's standard output is CMD's alone");
-    let last = stderr.lines().last().unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!(
-        (v["result"].as_str(), v["error"].as_str()),
-        (Some("error"), Some("io")),
-        "{stderr}"
+    let out = Out::from(out);
+    assert_eq!(out.code, 2, "{} {}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "", "run's standard output is CMD's alone");
+    let v = run_reply(&out);
+    assert!(
+        matches!(&v, Reply::Error { error, .. } if error == "io"),
+        "{}",
+        out.stderr
     );
 }

@@ -28,8 +28,17 @@ use common::{Rng, TestEnv};
 
 const LAUNCHER: &str = "uvx --from ~/.claude/magpie/skill-lock skill-lock";
 
-/// The block's commands, as bash, keyed by step name.
-fn steps() -> BTreeMap<String, String> {
+/// The block's commands, as bash, one field per step.
+struct Steps {
+    status: String,
+    acquire: String,
+    renew: String,
+    release: String,
+    run: String,
+}
+
+/// The block's commands, as bash, each taken from its step in the doc.
+fn steps() -> Steps {
     let doc =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/write-lock.md"))
             .unwrap();
@@ -47,13 +56,17 @@ fn steps() -> BTreeMap<String, String> {
         assert_eq!(lines.next(), Some("```"), "step {name}: one line");
         out.insert(name.to_owned(), to_bash(name, cmd));
     }
-    for step in ["status", "acquire", "renew", "release", "run"] {
-        assert!(
-            out.contains_key(step),
-            "docs/write-lock.md lacks step {step}"
-        );
+    let mut step = |name: &str| {
+        out.remove(name)
+            .unwrap_or_else(|| panic!("docs/write-lock.md lacks step {name}"))
+    };
+    Steps {
+        status: step("status"),
+        acquire: step("acquire"),
+        renew: step("renew"),
+        release: step("release"),
+        run: step("run"),
     }
-    out
 }
 
 /// One command of the block as bash: the launcher is `$SL`, placeholders
@@ -84,7 +97,7 @@ fn to_bash(name: &str, cmd: &str) -> String {
 
 /// The skill: the block's steps and its prose, as a script. `REREAD=0`
 /// removes the one step that reads again after acquiring.
-fn skill_script(steps: &BTreeMap<String, String>) -> String {
+fn skill_script(steps: &Steps) -> String {
     format!(
         r#"set -u
 field() {{ printf '%s\n' "$2" | sed -n "s/.*\"$1\":\"\{{0,1\}}\([^,}}\"]*\).*/\1/p"; }}
@@ -114,18 +127,18 @@ done
 release_step >/dev/null
 exit 0
 "#,
-        status = steps["status"],
-        acquire = steps["acquire"],
-        renew = steps["renew"],
-        release = steps["release"],
+        status = steps.status,
+        acquire = steps.acquire,
+        renew = steps.renew,
+        release = steps.release,
     )
 }
 
 /// The `run` form: the script reads under the lock, then posts.
-fn run_form_script(steps: &BTreeMap<String, String>) -> String {
+fn run_form_script(steps: &Steps) -> String {
     format!(
         "set -u\nrc=0; {run} 2>/dev/null || rc=$?\n[ $rc = 3 ] && exit 3\nexit $rc\n",
-        run = steps["run"]
+        run = steps.run
     )
 }
 
