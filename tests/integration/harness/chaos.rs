@@ -151,14 +151,14 @@ impl Stats {
     }
 
     #[track_caller]
-    pub fn get(&self, name: &str) -> u64 {
+    pub fn count(&self, name: &str) -> u64 {
         self.slot(name).load(Ordering::Relaxed)
     }
 
     /// Adds every counter of `other` (the same names) to this one.
     pub fn merge(&self, other: &Self) {
         for name in other.names {
-            self.add(name, other.get(name));
+            self.add(name, other.count(name));
         }
     }
 
@@ -166,7 +166,7 @@ impl Stats {
     pub fn line(&self) -> String {
         self.names
             .iter()
-            .map(|n| format!("{n}={}", self.get(n)))
+            .map(|n| format!("{n}={}", self.count(n)))
             .collect::<Vec<_>>()
             .join(" ")
     }
@@ -571,7 +571,12 @@ impl Pen {
 
     /// Appends `m`'s line.
     pub fn write(&mut self, m: &Mark) {
-        self.0.write_all(m.line().as_bytes()).expect("witness write");
+        self.raw(&m.line());
+    }
+
+    /// Appends a line of another shape (a shell writer's, say).
+    pub fn raw(&mut self, line: &str) {
+        self.0.write_all(line.as_bytes()).expect("witness write");
     }
 }
 
