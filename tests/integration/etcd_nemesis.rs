@@ -44,8 +44,8 @@
 //! Short mode (in `cargo test`): 25 s of load. Long mode:
 //! `SKILL_LOCK_NEMESIS_SECS=300`. Skipped visibly without `etcd` on PATH;
 //! `SKILL_LOCK_TEST_ETCD_REQUIRED=1` makes it mandatory. Ports 33500-33599
-//! only: members' clients 33501-33503, peers 33511-33513, proxies
-//! 33521-33523.
+//! only for the members (clients 33501-33503, peers 33511-33513, or the
+//! next free block of twenty); the proxies listen on free ports.
 //!
 //! Covers: SPEC §7, §8.
 
@@ -102,10 +102,6 @@ const COUNTERS: &[&str] = &[
     "hangs",
     "max_ms",
 ];
-
-fn proxy_port(i: usize) -> u16 {
-    BASE + 21 + i as u16
-}
 
 // ------------------------------------------------------------------ world
 
@@ -352,7 +348,14 @@ fn check_worker(world: &World, id: usize, mut rng: Rng, stop: &AtomicBool) {
             }
             let ran = world.call(lock, "check", &["--token", &token]);
             let expires_in = match (ran.out.code, ran.reply()) {
-                (0, Some(Reply::Held { fence: f, expires_in, .. })) => {
+                (
+                    0,
+                    Some(Reply::Held {
+                        fence: f,
+                        expires_in,
+                        ..
+                    }),
+                ) => {
                     world.stats.bump("checks_held");
                     if f != fence {
                         world.violation(format!("check held names fence {f}, not {fence}"));
@@ -523,8 +526,18 @@ fn run_writer() {
 // ---------------------------------------------------------------- nemesis
 
 /// Runs `fault` for `hold`, then heals it, logging both and the span.
-fn inject(world: &World, stop: &AtomicBool, what: String, hold: Duration, fault: impl FnOnce(), heal: impl FnOnce()) {
-    eprintln!("nemesis {:>8.0} ms: {what} for {hold:?}", world.ms(boot_ns()));
+fn inject(
+    world: &World,
+    stop: &AtomicBool,
+    what: String,
+    hold: Duration,
+    fault: impl FnOnce(),
+    heal: impl FnOnce(),
+) {
+    eprintln!(
+        "nemesis {:>8.0} ms: {what} for {hold:?}",
+        world.ms(boot_ns())
+    );
     let t = boot_ns();
     fault();
     nap(hold, stop);
@@ -560,7 +573,14 @@ fn nemesis(world: &World, cluster: &Cluster, proxies: &[Proxy], mut rng: Rng, st
                 };
                 world.fault("leader_sigkill");
                 let what = format!("SIGKILL leader n{l}");
-                inject(world, stop, what, hold, || cluster.kill(l), || cluster.restart(l));
+                inject(
+                    world,
+                    stop,
+                    what,
+                    hold,
+                    || cluster.kill(l),
+                    || cluster.restart(l),
+                );
             }
             1 => {
                 let i = if rng.chance(50) {
@@ -585,17 +605,37 @@ fn nemesis(world: &World, cluster: &Cluster, proxies: &[Proxy], mut rng: Rng, st
                 world.fault("quorum_sigstop");
                 let send = |sig| [i, j].iter().for_each(|&m| cluster.signal(m, sig));
                 let what = format!("SIGSTOP n{i} and n{j}");
-                inject(world, stop, what, hold, || send(libc::SIGSTOP), || send(libc::SIGCONT));
+                inject(
+                    world,
+                    stop,
+                    what,
+                    hold,
+                    || send(libc::SIGSTOP),
+                    || send(libc::SIGCONT),
+                );
             }
             6 => {
                 // Clients cut off: every proxy cut or hung.
                 let modes: Vec<Fault> = (0..3)
-                    .map(|_| if rng.chance(50) { Fault::Cut } else { Fault::Hang })
+                    .map(|_| {
+                        if rng.chance(50) {
+                            Fault::Cut
+                        } else {
+                            Fault::Hang
+                        }
+                    })
                     .collect();
                 world.fault("all_proxies_down");
                 let down = || proxies.iter().zip(&modes).for_each(|(p, &m)| p.set(m));
                 let up = || proxies.iter().for_each(|p| p.set(Fault::Pass));
-                inject(world, stop, format!("all proxies down {modes:?}"), hold, down, up);
+                inject(
+                    world,
+                    stop,
+                    format!("all proxies down {modes:?}"),
+                    hold,
+                    down,
+                    up,
+                );
             }
             k => {
                 let i = rng.index(3);
@@ -608,7 +648,14 @@ fn nemesis(world: &World, cluster: &Cluster, proxies: &[Proxy], mut rng: Rng, st
                 world.fault(kind);
                 let p = &proxies[i];
                 let what = format!("{kind} p{i} ({fault:?})");
-                inject(world, stop, what, hold, || p.set(fault), || p.set(Fault::Pass));
+                inject(
+                    world,
+                    stop,
+                    what,
+                    hold,
+                    || p.set(fault),
+                    || p.set(Fault::Pass),
+                );
             }
         }
     }
@@ -834,10 +881,7 @@ fn etcd_nemesis() {
     };
     let cluster = Cluster::start(&env.path("etcd"), BASE, tuning);
     let proxies: Vec<Proxy> = (0..3)
-        .map(|i| {
-            let member = format!("127.0.0.1:{}", cluster.client_port(i));
-            Proxy::on_port(proxy_port(i), &member)
-        })
+        .map(|i| Proxy::start(&format!("127.0.0.1:{}", cluster.client_port(i))))
         .collect();
     let endpoints: Vec<String> = proxies.iter().map(Proxy::addr).collect();
     let world = World {

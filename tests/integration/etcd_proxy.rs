@@ -18,9 +18,9 @@
 
 use crate::common;
 
+use common::TestEnv;
 use common::chaos::{self, Tuning};
 use common::verbs::{self, Lock, Reply};
-use common::TestEnv;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
@@ -156,7 +156,10 @@ fn every_command_works_through_a_connect_proxy_with_credentials() {
     let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "proxy"));
     let at = |env: &[(&str, &str)]| lock_with(&cwd, "tunnel", &url, env);
     let lock = at(&[("HTTPS_PROXY", via.as_str())]);
-    let token = lock.acquire_with(&["--note", "via proxy"]).token().to_owned();
+    let token = lock
+        .acquire_with(&["--note", "via proxy"])
+        .token()
+        .to_owned();
     assert!(matches!(lock.status(), Reply::Status { state, .. } if state == "held"));
     assert!(matches!(lock.check(&token), Reply::Held { .. }));
     assert!(matches!(lock.renew(&token), Reply::Renewed { .. }));
@@ -350,11 +353,13 @@ fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
         heartbeat_ms: 10,
         election_ms: 100,
     };
+    let base = chaos::free_block(33600, &[1, 11]);
+    let endpoint = format!("127.0.0.1:{}", base + 1);
     let mut etcd = chaos::member(
         &env.path("data"),
         0,
-        &["https://127.0.0.1:33601".to_owned()],
-        &[33611],
+        &[format!("https://{endpoint}")],
+        &[base + 11],
         tuning,
     )
     .args([
@@ -373,7 +378,7 @@ fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
         ("SKILL_LOCK_ETCD_CA", ca.as_str()),
         ("SKILL_LOCK_ETCD_TIMEOUT", "3"),
     ];
-    let lock = lock_with(&cwd, "tls", "etcds://127.0.0.1:33601", &e);
+    let lock = lock_with(&cwd, "tls", &format!("etcds://{endpoint}"), &e);
     let start = Instant::now();
     let token = loop {
         match lock.acquire() {
@@ -388,13 +393,13 @@ fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
     assert!(matches!(lock.check(&token), Reply::Held { .. }));
     let targets = proxy.targets.lock().unwrap().clone();
     assert!(
-        targets.iter().all(|t| t == "127.0.0.1:33601"),
+        targets.iter().all(|t| *t == endpoint),
         "CONNECT targets: {targets:?}"
     );
     // The certificate names 127.0.0.1 (the proxy's address too), not
     // localhost: reached as localhost the endpoint is refused, so the name
     // checked is the endpoint's, never the proxy's.
-    let by_name = lock_with(&cwd, "tls", "etcds://localhost:33601", &e);
+    let by_name = lock_with(&cwd, "tls", &format!("etcds://localhost:{}", base + 1), &e);
     let seen = proxy.count();
     let r = by_name.status();
     assert!(

@@ -12,10 +12,10 @@
 
 use crate::common;
 
+use common::TestEnv;
 use common::chaos::{Proxy, Rng, Seed};
 use common::http2::GrpcMessages;
 use common::verbs::{self, Lock, Reply};
-use common::TestEnv;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -30,9 +30,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::chaos::{
-    self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns,
-};
+use common::chaos::{self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns};
 use common::verbs::{Lock, Reply, TookOver};
 use common::{Cmd, TestEnv};
 use skill_lock::history::{Event, EventKind};
@@ -281,7 +279,14 @@ fn read_only(world: &World, rng: &mut Rng) {
     if rng.chance(50) {
         let ran = world.call(lock, "status", &[], None);
         match (ran.out.code, ran.reply()) {
-            (0, Some(Reply::Status { state, stale_reason, .. })) => match state.as_str() {
+            (
+                0,
+                Some(Reply::Status {
+                    state,
+                    stale_reason,
+                    ..
+                }),
+            ) => match state.as_str() {
                 "held" | "free" => {}
                 "stale" if stale_reason.as_deref() != Some("corrupt") => {}
                 "stale" => world.reader_saw_corrupt(format!("status: {}", ran.describe())),
@@ -444,7 +449,12 @@ fn holding(
                 world.stats.bump("lost");
                 None
             }
-            (4, Some(Reply::NotOwner { holder: Some(o), .. })) if o.fence == h.fence => {
+            (
+                4,
+                Some(Reply::NotOwner {
+                    holder: Some(o), ..
+                }),
+            ) if o.fence == h.fence => {
                 world.violation(format!(
                     "not_owner naming our own fence: {}",
                     ran.describe()
@@ -495,7 +505,12 @@ fn holding(
                 });
                 Some(h)
             }
-            (4, Some(Reply::NotOwner { holder: Some(o), .. })) if o.fence == h.fence => {
+            (
+                4,
+                Some(Reply::NotOwner {
+                    holder: Some(o), ..
+                }),
+            ) if o.fence == h.fence => {
                 world.violation(format!(
                     "renew: not_owner naming our own fence: {}",
                     ran.describe()
@@ -532,7 +547,12 @@ fn holding(
                     ..op("release")
                 });
             }
-            (4, Some(Reply::Refused { holder: Some(o), .. })) if o.fence == h.fence => {
+            (
+                4,
+                Some(Reply::Refused {
+                    holder: Some(o), ..
+                }),
+            ) if o.fence == h.fence => {
                 world.violation(format!("release refused our own fence: {}", ran.describe()));
             }
             (0, Some(Reply::NotHeld { .. })) | (4, Some(Reply::Refused { .. })) => {
@@ -863,9 +883,12 @@ fn settle(world: &World) {
     }
     for lock in 0..LOCKS.len() {
         let ran = world.call(lock, "acquire", &["--ttl", "60"], None);
-        let (0, Some(Reply::Acquired {
-            token, took_over, ..
-        })) = (ran.out.code, ran.reply())
+        let (
+            0,
+            Some(Reply::Acquired {
+                token, took_over, ..
+            }),
+        ) = (ran.out.code, ran.reply())
         else {
             world.violation(format!("final acquire: {}", ran.describe()));
             continue;
@@ -877,7 +900,10 @@ fn settle(world: &World) {
             ));
         }
         let ran = world.call(lock, "release", &["--token", &token], None);
-        if !matches!((ran.out.code, ran.reply()), (0, Some(Reply::Released { .. }))) {
+        if !matches!(
+            (ran.out.code, ran.reply()),
+            (0, Some(Reply::Released { .. }))
+        ) {
             world.violation(format!("final release: {}", ran.describe()));
         }
         let name = lock_name(lock);
@@ -969,7 +995,11 @@ fn episode(seed: &Seed, n: u64, secs: u64, summary: &Stats) -> Vec<String> {
     for lock in 0..LOCKS.len() {
         let ran = world.call(lock, "status", &[], None);
         if !matches!(ran.reply(), Some(Reply::Status { state, .. }) if state == "free") {
-            world.violation(format!("{} not free at the end: {}", lock_name(lock), ran.describe()));
+            world.violation(format!(
+                "{} not free at the end: {}",
+                lock_name(lock),
+                ran.describe()
+            ));
         }
     }
     let (events, _) = read_history(&world);
@@ -981,7 +1011,10 @@ fn episode(seed: &Seed, n: u64, secs: u64, summary: &Stats) -> Vec<String> {
 
     let st = &world.stats;
     st.bump("episodes");
-    st.add("sections", logs.iter().map(|l| l.sections.len() as u64).sum());
+    st.add(
+        "sections",
+        logs.iter().map(|l| l.sections.len() as u64).sum(),
+    );
     st.add("excused_overlaps", excused);
     st.add("history_events", events.len() as u64);
     let mut violations = world.violations.take();
@@ -1352,7 +1385,14 @@ impl RunWorld {
     /// Runs `verb` on lock `i` to its end; SIGKILLs it `kill_after_ms`
     /// after the start, with `group` its whole process group (it then
     /// leads a session of its own).
-    fn call(&self, i: usize, verb: &str, extra: &[&str], kill_after_ms: Option<u64>, group: bool) -> Ran {
+    fn call(
+        &self,
+        i: usize,
+        verb: &str,
+        extra: &[&str],
+        kill_after_ms: Option<u64>,
+        group: bool,
+    ) -> Ran {
         self.stats.bump("operations");
         let how = Invoke {
             kill_after: kill_after_ms.map(Duration::from_millis),
@@ -1398,7 +1438,9 @@ exit 0"#;
     let how = if rng.chance(33) { "daemon" } else { "child" };
     let witness = world.witness.path().to_str().unwrap();
     let lock_arg = lock.to_string();
-    let cmd = ["sh", "-c", SCRIPT, "sh", &lock_arg, witness, &secs, mode, how];
+    let cmd = [
+        "sh", "-c", SCRIPT, "sh", &lock_arg, witness, &secs, mode, how,
+    ];
     args.push("--");
     args.extend(cmd);
     let kill = rng.chance(25).then(|| rng.below(1_500));
@@ -1450,7 +1492,10 @@ fn owner_hold(world: &RunWorld, rng: &mut Rng, pen: &mut Pen) {
             }
             if rng.chance(50) {
                 let ran = world.call(lock, "release", &["--token", &token], None, false);
-                if !matches!((ran.out.code, ran.reply()), (0, Some(Reply::Released { .. }))) {
+                if !matches!(
+                    (ran.out.code, ran.reply()),
+                    (0, Some(Reply::Released { .. }))
+                ) {
                     world
                         .violations
                         .add(format!("release of a held lock: {}", ran.describe()));
@@ -1562,9 +1607,10 @@ fn run_settle(world: &RunWorld) {
         let args = ["--wait", "10", "--ttl", "5"];
         let ran = world.call(lock, "acquire", &args, None, false);
         let Some(Reply::Acquired { token, .. }) = ran.reply() else {
-            world
-                .violations
-                .add(format!("lock {lock} stuck after the load: {}", ran.describe()));
+            world.violations.add(format!(
+                "lock {lock} stuck after the load: {}",
+                ran.describe()
+            ));
             continue;
         };
         world.call(lock, "release", &["--token", &token], None, false);

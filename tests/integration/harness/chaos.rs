@@ -7,8 +7,10 @@
 //! slows or severs; and a 3-member etcd cluster on loopback whose members
 //! can be killed, stopped and restarted.
 //!
-//! Ports: the clusters and fixed-port proxies of these tests live in
-//! 33000-33999 (each test its own hundred).
+//! Ports: the clusters of these tests live in 33000-33999, each test in a
+//! hundred of its own; that range is inside Linux's ephemeral ports, so a
+//! cluster takes the first block of its hundred that nothing holds now (a
+//! client socket of another process, say). Proxies listen on free ports.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -96,7 +98,10 @@ impl Seed {
 impl Drop for Seed {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("FAILED with seed {0}: replay with {1}={0}", self.value, self.var);
+            eprintln!(
+                "FAILED with seed {0}: replay with {1}={0}",
+                self.value, self.var
+            );
         }
     }
 }
@@ -647,8 +652,11 @@ pub enum Fault {
     Slow(u64),
 }
 
-/// A fresh tap per connection: it sees every byte the client sends.
-pub type Tap = Box<dyn Fn() -> Box<dyn FnMut(&[u8]) + Send> + Send + Sync>;
+/// What sees every byte one connection's client sends.
+pub type Sink = Box<dyn FnMut(&[u8]) + Send>;
+
+/// Makes a fresh [`Sink`] per connection.
+pub type Tap = Box<dyn Fn() -> Sink + Send + Sync>;
 
 struct Shared {
     fault: Mutex<Fault>,
@@ -680,11 +688,6 @@ impl Proxy {
     /// A proxy to `upstream` (`host:port`) on a free port.
     pub fn start(upstream: &str) -> Self {
         Self::build(0, upstream, None)
-    }
-
-    /// A proxy to `upstream` on `port`.
-    pub fn on_port(port: u16, upstream: &str) -> Self {
-        Self::build(port, upstream, None)
     }
 
     /// A proxy to `upstream` on a free port whose every connection hands the
@@ -803,13 +806,7 @@ fn connect(client: TcpStream, up: SocketAddr, s: &Arc<Shared>) {
 
 /// Copies `from` to `to` as the fault says, until either end closes, the
 /// connection is severed or cut, or the proxy stops.
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    s: &Shared,
-    born: u64,
-    mut tap: Option<Box<dyn FnMut(&[u8]) + Send>>,
-) {
+fn pump(mut from: TcpStream, mut to: TcpStream, s: &Shared, born: u64, mut tap: Option<Sink>) {
     let mut buf = vec![0u8; 16 * 1024];
     while !s.gone(born) {
         if s.fault() == Fault::Hang {
@@ -849,6 +846,19 @@ fn pump(
 }
 
 // --------------------------------------------------------------- cluster
+
+/// The first `base` of `hundred, hundred + 20, ...` (below `hundred + 100`)
+/// where every `base + offset` can be listened on now.
+pub fn free_block(hundred: u16, offsets: &[u16]) -> u16 {
+    (hundred..hundred + 100)
+        .step_by(20)
+        .find(|base| {
+            offsets
+                .iter()
+                .all(|o| TcpListener::bind(("127.0.0.1", base + o)).is_ok())
+        })
+        .unwrap_or_else(|| panic!("no free block of ports in {hundred}..{}", hundred + 100))
+}
 
 /// Are `etcd` and `etcdctl` installed? (Skipped visibly without them,
 /// unless `SKILL_LOCK_TEST_ETCD_REQUIRED` makes that a failure.)
@@ -908,12 +918,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the members, data under `dir`, and waits (30 s at most)
-    /// until each answers and they elected a leader.
-    pub fn start(dir: &Path, base: u16, tuning: Tuning) -> Self {
+    /// Starts the members, data under `dir`, on the first free block of
+    /// `hundred..hundred + 100`, and waits (30 s at most) until each
+    /// answers and they elected a leader.
+    pub fn start(dir: &Path, hundred: u16, tuning: Tuning) -> Self {
         let mut c = Self {
             dir: dir.to_owned(),
-            base,
+            base: free_block(hundred, &[1, 2, 3, 11, 12, 13]),
             tuning,
             members: Mutex::new(Vec::new()),
             ids: Vec::new(),
