@@ -7,10 +7,10 @@
 //! status, abandoning a lease so that it is taken over when it expires, and
 //! SIGKILL of in-flight acquire/renew/release processes at a random moment.
 //! A worker that holds a lock runs `check --token` before each "write" and
-//! only then appends `lock fence worker enter <ns>` and `... exit <ns>` to a
-//! shared `O_APPEND` witness file; `<ns>` is `CLOCK_BOOTTIME`, the clock the
-//! tool measures same-boot leases on, so witness times and lease deadlines
-//! compare exactly.
+//! only then "writes", appending `lock fence worker enter exit deadline` to a
+//! shared `O_APPEND` witness file (the chaos kit's); times are
+//! `CLOCK_BOOTTIME`, the clock the tool measures same-boot leases on, so
+//! witness times and lease deadlines compare exactly.
 //!
 //! After the run every invariant is checked from the witness file, the
 //! results the workers saw, and the store's own history; the run ends with a

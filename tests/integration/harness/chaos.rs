@@ -277,11 +277,16 @@ pub fn signal(pid: u32, sig: i32) {
 /// reused pid).
 pub type Slot = Mutex<Option<u32>>;
 
-/// SIGKILLs the client in `slot`, if one runs; whether one did.
+/// SIGKILLs the client in `slot`, if one runs (not merely waits to be
+/// reaped); whether one did.
 pub fn kill_in(slot: &Slot) -> bool {
     let g = slot.lock().unwrap();
-    // SAFETY: the pid is not reaped while it is in the slot.
-    g.is_some_and(|pid| unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0)
+    g.is_some_and(|pid| {
+        !ended(pid, libc::WNOHANG) && {
+            // SAFETY: the pid is not reaped while it is in the slot.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) == 0 }
+        }
+    })
 }
 
 /// How a client is run.
@@ -357,25 +362,37 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
     rx
 }
 
-/// Waits, without reaping it, until `pid` has ended (so its pid stays ours).
+/// Has `pid` ended? Reaps nothing (`WNOWAIT`); with `WNOHANG` answers at
+/// once, else waits until it has.
+fn ended(pid: u32, flags: i32) -> bool {
+    loop {
+        // SAFETY: siginfo is plain data to write into; WNOWAIT leaves the child unreaped.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid,
+                &raw mut info,
+                libc::WEXITED | libc::WNOWAIT | flags,
+            )
+        };
+        if rc == 0 {
+            // With WNOHANG and no change, the pid field stays zero.
+            // SAFETY: waitid filled it in.
+            return unsafe { info.si_pid() } != 0;
+        }
+        if std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+            return true;
+        }
+    }
+}
+
+/// Waits on a thread of its own, without reaping it, until `pid` has ended
+/// (so its pid stays ours).
 fn exited(pid: u32) -> mpsc::Receiver<()> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        loop {
-            // SAFETY: siginfo is plain data to write into; WNOWAIT leaves the child unreaped.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            let rc = unsafe {
-                libc::waitid(
-                    libc::P_PID,
-                    pid,
-                    &raw mut info,
-                    libc::WEXITED | libc::WNOWAIT,
-                )
-            };
-            if rc == 0 || std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
-                break;
-            }
-        }
+        ended(pid, 0);
         let _ = tx.send(());
     });
     rx
