@@ -139,11 +139,13 @@ impl Stats {
         &self.counts[i.unwrap_or_else(|| panic!("no counter {name:?}"))]
     }
 
+    /// Adds one to `name`.
     #[track_caller]
     pub fn bump(&self, name: &str) {
         self.add(name, 1);
     }
 
+    /// Adds `n` to `name`.
     #[track_caller]
     pub fn add(&self, name: &str, n: u64) {
         self.slot(name).fetch_add(n, Ordering::Relaxed);
@@ -155,6 +157,7 @@ impl Stats {
         self.slot(name).fetch_max(v, Ordering::Relaxed)
     }
 
+    /// The value of `name` now.
     #[track_caller]
     pub fn count(&self, name: &str) -> u64 {
         self.slot(name).load(Ordering::Relaxed)
@@ -184,6 +187,7 @@ pub struct Violations {
 }
 
 impl Violations {
+    /// None yet; each is printed after `tag`.
     pub fn new(tag: &'static str) -> Self {
         Self {
             tag,
@@ -191,15 +195,13 @@ impl Violations {
         }
     }
 
+    /// Records (and prints) one.
     pub fn add(&self, what: String) {
         eprintln!("{}: VIOLATION: {what}", self.tag);
         self.found.lock().unwrap().push(what);
     }
 
-    pub fn len(&self) -> usize {
-        self.found.lock().unwrap().len()
-    }
-
+    /// Every one so far, leaving none.
     pub fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.found.lock().unwrap())
     }
@@ -539,6 +541,7 @@ impl Witness {
         Self { path }
     }
 
+    /// Where it is (for a writer in another process).
     pub fn path(&self) -> &Path {
         &self.path
     }
