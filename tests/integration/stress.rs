@@ -183,6 +183,20 @@ struct Acq {
     t1: u64,
 }
 
+impl Acq {
+    /// The acquire call as a witness mark: believed from its start to its end.
+    fn mark(&self) -> Mark {
+        Mark {
+            lock: self.lock,
+            fence: self.fence,
+            holder: self.pid as usize,
+            enter: self.t0,
+            exit: self.t1,
+            believed: Mark::UNCHECKED,
+        }
+    }
+}
+
 /// A successful operation with a token (check held, renewed, released).
 #[derive(Debug, Clone)]
 struct TokenOp {
@@ -784,23 +798,14 @@ fn verify(world: &World, logs: &[WorkerLog]) -> u64 {
                 ));
             }
         }
-        // Real-time order: an acquisition that ended before another began has the lower fence.
-        let mut by_end: Vec<&Acq> = mine.clone();
-        by_end.sort_by_key(|a| a.t1);
-        let mut by_start: Vec<&Acq> = mine.clone();
-        by_start.sort_by_key(|a| a.t0);
-        let (mut i, mut max_before) = (0, 0u64);
-        for b in &by_start {
-            while i < by_end.len() && by_end[i].t1 < b.t0 {
-                max_before = max_before.max(by_end[i].fence);
-                i += 1;
-            }
-            if max_before >= b.fence {
-                world.violation(format!(
-                    "{name}: fence {} acquired after fence {max_before} had been",
-                    b.fence
-                ));
-            }
+        // Real-time order: an acquisition that ended before another began
+        // has the lower fence.
+        let marks: Vec<Mark> = mine.iter().map(|a| a.mark()).collect();
+        for (before, b) in chaos::regressions(&marks) {
+            world.violation(format!(
+                "{name}: fence {} acquired after fence {} had been",
+                b.fence, before.fence
+            ));
         }
         // A token op of fence f never starts after an acquisition of a later fence ended.
         // mine is sorted by fence: suffix minimum of end times.
