@@ -1056,3 +1056,78 @@ impl Drop for Cluster {
         }
     }
 }
+
+#[test]
+fn the_witness_finds_two_holders_at_once_and_fences_going_back() {
+    let m = |lock, fence, holder, enter, exit| Mark {
+        lock,
+        fence,
+        holder,
+        enter,
+        exit,
+        believed: Mark::UNCHECKED,
+    };
+    // Overlapping writes of two holders of lock 0; one holder's own writes
+    // and another lock's never count.
+    let writes = [
+        m(0, 1, 0, 0, 10),
+        m(0, 2, 1, 5, 15),
+        m(0, 2, 1, 12, 20),
+        m(1, 7, 2, 0, 30),
+    ];
+    let pairs: Vec<(u64, u64)> = overlaps(&writes)
+        .iter()
+        .map(|(a, b)| (a.enter, b.enter))
+        .collect();
+    assert_eq!(pairs, [(0, 5)]);
+    // Fence 1 written after fence 2 had finished: backwards.
+    let back = [m(0, 2, 0, 0, 10), m(0, 1, 1, 20, 30), m(0, 3, 1, 40, 50)];
+    let found: Vec<(u64, u64)> = regressions(&back)
+        .iter()
+        .map(|(later, b)| (later.fence, b.fence))
+        .collect();
+    assert_eq!(found, [(2, 1)]);
+}
+
+#[test]
+fn the_proxy_passes_severs_and_cuts() {
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = echo.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let (mut r, mut w) = (c.try_clone().unwrap(), c);
+                let _ = std::io::copy(&mut r, &mut w);
+            });
+        }
+    });
+    let proxy = Proxy::start(&upstream);
+    let round_trip = |c: &mut TcpStream| {
+        c.write_all(b"ping").is_ok() && {
+            let mut b = [0u8; 4];
+            c.read_exact(&mut b).is_ok() && &b == b"ping"
+        }
+    };
+    let mut c = TcpStream::connect(proxy.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(round_trip(&mut c));
+    proxy.sever();
+    assert!(
+        !round_trip(&mut c),
+        "a severed connection still carries bytes"
+    );
+    let mut c = TcpStream::connect(proxy.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(round_trip(&mut c), "a new connection after a sever works");
+    proxy.set(Fault::Cut);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        TcpStream::connect(proxy.addr()).is_err(),
+        "a cut proxy accepts"
+    );
+    proxy.set(Fault::Pass);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut c = TcpStream::connect(proxy.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(round_trip(&mut c), "a healed proxy passes");
+}
