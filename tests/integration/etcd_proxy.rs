@@ -18,10 +18,12 @@
 
 use crate::common;
 
+use common::TestEnv;
+use common::chaos::{self, Tuning};
 use common::verbs::{self, Lock, Reply};
-use common::{Cmd, TestEnv};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -134,22 +136,10 @@ fn serve(
     let _ = client.shutdown(Shutdown::Write);
 }
 
-/// Runs `verb` on `lock` with `env` set; its typed reply.
-#[track_caller]
-fn call(lock: &Lock, verb: &str, extra: &[&str], env: &[(&str, &str)]) -> Reply {
-    let cmd = env
-        .iter()
-        .fold(lock.cmd(verb, extra), |c, (k, v)| c.env(k, v));
-    verbs::reply(&cmd.run())
-}
-
-/// Runs a command that is not about one lock (`list`, `history`).
-#[track_caller]
-fn store_call(cwd: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Reply {
-    let cmd = env
-        .iter()
-        .fold(Cmd::new(cwd).args(args), |c, (k, v)| c.env(k, v));
-    verbs::reply(&cmd.run())
+/// The lock `skill --repo o/r` in `url`, from `cwd`, every command run with `env`.
+fn lock_with(cwd: &Path, skill: &str, url: &str, env: &[(&str, &str)]) -> Lock {
+    let lock = Lock::new(cwd, skill, "o/r").in_store(url);
+    env.iter().fold(lock, |l, (k, v)| l.with_env(k, v))
 }
 
 #[test]
@@ -164,28 +154,21 @@ fn every_command_works_through_a_connect_proxy_with_credentials() {
     let proxy = ConnectProxy::start(Answer::Tunnel(Some("dXNlcjpwQHNzIHc=".into())));
     let via = format!("http://user:p%40ss%20w@127.0.0.1:{}/", proxy.port);
     let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "proxy"));
-    let lock = Lock::new(&cwd, "tunnel", "o/r").in_store(&url);
-    let e = [("HTTPS_PROXY", via.as_str())];
-    let token = call(&lock, "acquire", &["--note", "via proxy"], &e)
+    let at = |env: &[(&str, &str)]| lock_with(&cwd, "tunnel", &url, env);
+    let lock = at(&[("HTTPS_PROXY", via.as_str())]);
+    let token = lock
+        .acquire_with(&["--note", "via proxy"])
         .token()
         .to_owned();
-    assert!(
-        matches!(call(&lock, "status", &[], &e), Reply::Status { state, .. } if state == "held")
-    );
-    assert!(matches!(
-        call(&lock, "check", &["--token", &token], &e),
-        Reply::Held { .. }
-    ));
-    assert!(matches!(
-        call(&lock, "renew", &["--token", &token], &e),
-        Reply::Renewed { .. }
-    ));
-    let listed = store_call(&cwd, &["list", "--store", &url], &e);
+    assert!(matches!(lock.status(), Reply::Status { state, .. } if state == "held"));
+    assert!(matches!(lock.check(&token), Reply::Held { .. }));
+    assert!(matches!(lock.renew(&token), Reply::Renewed { .. }));
+    let listed = verbs::reply(&lock.store_cmd(&["list"]).run());
     assert!(
         matches!(&listed, Reply::List { locks, .. } if locks.len() == 1),
         "{listed:?}"
     );
-    let history = store_call(&cwd, &["history", "--store", &url], &e);
+    let history = verbs::reply(&lock.store_cmd(&["history"]).run());
     assert!(matches!(&history, Reply::History { events, .. } if !events.is_empty()));
     let before = proxy.count();
     assert!(
@@ -196,21 +179,18 @@ fn every_command_works_through_a_connect_proxy_with_credentials() {
     let plain = proxy_without_credentials();
     for var in ["https_proxy", "ALL_PROXY", "all_proxy"] {
         let seen = plain.count();
-        let r = call(&lock, "status", &[], &[(var, &plain.url())]);
+        let r = at(&[(var, &plain.url())]).status();
         assert!(matches!(r, Reply::Status { .. }), "{var}: {r:?}");
         assert_eq!(plain.count(), seen + 1, "{var} was not used");
     }
-    assert!(matches!(
-        call(&lock, "release", &["--token", &token], &e),
-        Reply::Released { .. }
-    ));
+    assert!(matches!(lock.release(&token), Reply::Released { .. }));
     let targets = proxy.targets.lock().unwrap().clone();
     assert!(
         targets.iter().all(|t| *t == ep),
         "CONNECT targets: {targets:?}"
     );
     // Without the credentials the proxy says 407: the command fails, naming it.
-    let no_auth = call(&lock, "status", &[], &[("HTTPS_PROXY", &proxy.url())]);
+    let no_auth = at(&[("HTTPS_PROXY", &proxy.url())]).status();
     let Reply::Error { error, message, .. } = no_auth else {
         panic!("{no_auth:?}")
     };
@@ -250,15 +230,11 @@ fn no_proxy_forms_reach_the_endpoint_directly() {
         (&by_name, "127.0.0.1", false),
         (&by_ip, "", false),
     ] {
-        let lock = Lock::new(&cwd, "direct", "o/r").in_store(url);
         let seen = proxy.count();
         for var in ["NO_PROXY", "no_proxy"] {
-            let r = call(
-                &lock,
-                "status",
-                &[],
-                &[("HTTPS_PROXY", &proxy.url()), (var, no_proxy)],
-            );
+            let env = [("HTTPS_PROXY", proxy.url()), (var, no_proxy.to_owned())];
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let r = lock_with(&cwd, "direct", url, &env).status();
             assert!(
                 matches!(r, Reply::Status { .. }),
                 "{url} {var}={no_proxy:?}: {r:?}"
@@ -292,17 +268,14 @@ fn a_no_proxy_endpoint_unreachable_directly_is_tried_through_the_proxy() {
         "etcd://{nothing_here}{}",
         common::etcd_prefix(&env, "proxy")
     );
-    let lock = Lock::new(&cwd, "fallback", "o/r").in_store(&url);
+    let via = proxy.url();
     let e = [
-        ("HTTPS_PROXY", proxy.url()),
-        ("NO_PROXY", "localhost,127.0.0.1,::1,10.0.0.0/8".to_owned()),
+        ("HTTPS_PROXY", via.as_str()),
+        ("NO_PROXY", "localhost,127.0.0.1,::1,10.0.0.0/8"),
     ];
-    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let token = call(&lock, "acquire", &[], &e).token().to_owned();
-    assert!(matches!(
-        call(&lock, "release", &["--token", &token], &e),
-        Reply::Released { .. }
-    ));
+    let lock = lock_with(&cwd, "fallback", &url, &e);
+    let token = lock.acquire().token().to_owned();
+    assert!(matches!(lock.release(&token), Reply::Released { .. }));
     assert_eq!(proxy.count(), 2, "one tunnel per command");
     let targets = proxy.targets.lock().unwrap().clone();
     assert!(targets.iter().all(|t| *t == nothing_here), "{targets:?}");
@@ -317,12 +290,12 @@ fn a_proxy_that_refuses_or_is_not_there_is_store_unavailable_naming_it() {
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
     let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "proxy"));
-    let lock = Lock::new(&cwd, "refused", "o/r").in_store(&url);
+    let at = |env: &[(&str, &str)]| lock_with(&cwd, "refused", &url, env);
     let forbid = ConnectProxy::start(Answer::Forbid);
     let with_secret = format!("http://me:hunter2@127.0.0.1:{}", forbid.port);
     // Refused: a definite answer, at once (the timeout is 5 s).
     let began = Instant::now();
-    let r = call(&lock, "acquire", &[], &[("HTTPS_PROXY", &with_secret)]);
+    let r = at(&[("HTTPS_PROXY", &with_secret)]).acquire();
     let took = began.elapsed();
     let Reply::Error { error, message, .. } = r else {
         panic!("{r:?}")
@@ -343,12 +316,7 @@ fn a_proxy_that_refuses_or_is_not_there_is_store_unavailable_naming_it() {
     let nowhere = format!("http://127.0.0.1:{}", gone.local_addr().unwrap().port());
     drop(gone);
     let began = Instant::now();
-    let r = call(
-        &lock,
-        "status",
-        &[],
-        &[("HTTPS_PROXY", &nowhere), ("SKILL_LOCK_ETCD_TIMEOUT", "2")],
-    );
+    let r = at(&[("HTTPS_PROXY", &nowhere), ("SKILL_LOCK_ETCD_TIMEOUT", "2")]).status();
     let took = began.elapsed();
     let Reply::Error { error, message, .. } = r else {
         panic!("{r:?}")
@@ -360,12 +328,7 @@ fn a_proxy_that_refuses_or_is_not_there_is_store_unavailable_naming_it() {
         "an absent proxy took {took:?}"
     );
     // A proxy URL this client cannot use is a usage error naming its variable.
-    let r = call(
-        &lock,
-        "status",
-        &[],
-        &[("ALL_PROXY", "socks5://me:hunter2@h:1")],
-    );
+    let r = at(&[("ALL_PROXY", "socks5://me:hunter2@h:1")]).status();
     let Reply::Error { error, message, .. } = r else {
         panic!("{r:?}")
     };
@@ -386,15 +349,17 @@ fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
     let pki = env.dir("pki");
     crate::etcd_tls::make_pki(&pki);
     let p = |f: &str| pki.join(f).display().to_string();
-    let tuning = common::EtcdTuning {
+    let tuning = Tuning {
         heartbeat_ms: 10,
         election_ms: 100,
     };
-    let mut etcd = common::etcd_member(
+    let base = chaos::free_block(33600, &[1, 11]);
+    let endpoint = format!("127.0.0.1:{}", base + 1);
+    let mut etcd = chaos::member(
         &env.path("data"),
         0,
-        &["https://127.0.0.1:24601".to_owned()],
-        &[24611],
+        &[format!("https://{endpoint}")],
+        &[base + 11],
         tuning,
     )
     .args([
@@ -407,16 +372,16 @@ fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
     .unwrap();
     let cwd = env.dir("w");
     let proxy = proxy_without_credentials();
+    let (via, ca) = (proxy.url(), p("ca.pem"));
     let e = [
-        ("HTTPS_PROXY", proxy.url()),
-        ("SKILL_LOCK_ETCD_CA", p("ca.pem")),
-        ("SKILL_LOCK_ETCD_TIMEOUT", "3".into()),
+        ("HTTPS_PROXY", via.as_str()),
+        ("SKILL_LOCK_ETCD_CA", ca.as_str()),
+        ("SKILL_LOCK_ETCD_TIMEOUT", "3"),
     ];
-    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let lock = Lock::new(&cwd, "tls", "o/r").in_store("etcds://127.0.0.1:24601");
+    let lock = lock_with(&cwd, "tls", &format!("etcds://{endpoint}"), &e);
     let start = Instant::now();
     let token = loop {
-        match call(&lock, "acquire", &[], &e) {
+        match lock.acquire() {
             r @ Reply::Acquired { .. } => break r.token().to_owned(),
             r => assert!(
                 start.elapsed() < Duration::from_secs(20),
@@ -425,21 +390,18 @@ fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(matches!(
-        call(&lock, "check", &["--token", &token], &e),
-        Reply::Held { .. }
-    ));
+    assert!(matches!(lock.check(&token), Reply::Held { .. }));
     let targets = proxy.targets.lock().unwrap().clone();
     assert!(
-        targets.iter().all(|t| t == "127.0.0.1:24601"),
+        targets.iter().all(|t| *t == endpoint),
         "CONNECT targets: {targets:?}"
     );
     // The certificate names 127.0.0.1 (the proxy's address too), not
     // localhost: reached as localhost the endpoint is refused, so the name
     // checked is the endpoint's, never the proxy's.
-    let by_name = Lock::new(&cwd, "tls", "o/r").in_store("etcds://localhost:24601");
+    let by_name = lock_with(&cwd, "tls", &format!("etcds://localhost:{}", base + 1), &e);
     let seen = proxy.count();
-    let r = call(&by_name, "status", &[], &e);
+    let r = by_name.status();
     assert!(
         matches!(&r, Reply::Error { error, .. } if error == "store_unavailable"),
         "{r:?}"
@@ -448,10 +410,7 @@ fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
         proxy.count() > seen,
         "the refused attempt did go through the proxy"
     );
-    assert!(matches!(
-        call(&lock, "release", &["--token", &token], &e),
-        Reply::Released { .. }
-    ));
+    assert!(matches!(lock.release(&token), Reply::Released { .. }));
     let _ = etcd.kill();
     let _ = etcd.wait();
 }

@@ -12,11 +12,10 @@
 
 use crate::common;
 
+use common::TestEnv;
+use common::chaos::{Proxy, Rng, Seed};
 use common::http2::GrpcMessages;
 use common::verbs::{self, Lock, Reply};
-use common::{Cmd, Rng, TestEnv};
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -61,7 +60,7 @@ fn race_once(lock: &Lock, list: &(dyn Fn() -> Reply + Sync), rng: &mut Rng) -> V
                         start.saturating_duration_since(Instant::now()) + Duration::from_millis(*d),
                     );
                     match i % 3 {
-                        0 => lock.call("status", &[]),
+                        0 => lock.status(),
                         1 => lock.check(&token),
                         _ => list(),
                     }
@@ -87,8 +86,9 @@ fn a_reader_racing_a_release_answers_held_or_free_never_stale() {
     let cwd = env.git_repo("repo");
     let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "reads"));
     let lock = Lock::new(&cwd, "race", "o/r").in_store(&url);
-    let list = || verbs::reply(&Cmd::new(&cwd).args(["list", "--store", &url]).run());
-    let mut rng = Rng::seeded(29);
+    let list = || verbs::reply(&lock.store_cmd(&["list"]).run());
+    let seed = Seed::from_env(test, "SKILL_LOCK_READS_SEED");
+    let mut rng = seed.rng(0);
     let honest = [
         "status held",
         "status free",
@@ -238,9 +238,10 @@ fn list_reads_a_store_larger_than_a_grpc_message_in_pages() {
     let total = total + 3 * 1_400_000;
     assert!(total > 5 << 20, "{total} bytes stored");
     let began = Instant::now();
-    let out = Cmd::new(&cwd)
-        .env("SKILL_LOCK_ETCD_TIMEOUT", "30")
-        .args(["list", "--store", &url])
+    let out = Lock::new(&cwd, "big", "o/r")
+        .in_store(&url)
+        .with_env("SKILL_LOCK_ETCD_TIMEOUT", "30")
+        .store_cmd(&["list"])
         .run();
     let took = began.elapsed();
     let Reply::List { locks, .. } = verbs::reply(&out) else {
@@ -338,39 +339,6 @@ fn range_limit(msg: &[u8], prefix: &[u8]) -> Option<u64> {
     )
 }
 
-/// A TCP proxy to `target` that hands every gRPC message a client sends
-/// to `seen`.
-fn recording_proxy(target: String, seen: Arc<Mutex<Vec<Vec<u8>>>>) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for client in l.incoming().flatten() {
-            let Ok(server) = TcpStream::connect(&target) else {
-                continue;
-            };
-            let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let mut grpc = GrpcMessages::new();
-                let mut b = [0u8; 16384];
-                while let Ok(n) = from.read(&mut b) {
-                    if n == 0 || to.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                    seen.lock().unwrap().extend(grpc.feed(&b[..n]));
-                }
-                let _ = to.shutdown(Shutdown::Write);
-            });
-            let (mut from, mut to) = (server, client);
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut from, &mut to);
-                let _ = to.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    addr
-}
-
 #[test]
 fn every_range_request_carries_a_limit() {
     let Some(ep) = common::etcd_endpoint("every_range_request_carries_a_limit") else {
@@ -379,17 +347,26 @@ fn every_range_request_carries_a_limit() {
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
     let prefix = common::etcd_prefix(&env, "reads");
+    // Every gRPC message a client sends, through a tap on the proxy.
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let url = format!("etcd://{}{prefix}", recording_proxy(ep, seen.clone()));
+    let tap_seen = seen.clone();
+    let proxy = Proxy::tapped(
+        &ep,
+        Box::new(move || {
+            let (seen, mut grpc) = (tap_seen.clone(), GrpcMessages::new());
+            Box::new(move |bytes: &[u8]| seen.lock().unwrap().extend(grpc.feed(bytes)))
+        }),
+    );
+    let url = format!("etcd://{}{prefix}", proxy.addr());
     let lock = Lock::new(&cwd, "limits", "o/r").in_store(&url);
     let token = lock.acquire().token().to_owned();
-    assert!(matches!(lock.call("status", &[]), Reply::Status { .. }));
+    assert!(matches!(lock.status(), Reply::Status { .. }));
     assert!(matches!(lock.check(&token), Reply::Held { .. }));
     assert!(matches!(lock.renew(&token), Reply::Renewed { .. }));
-    let list = verbs::reply(&Cmd::new(&cwd).args(["list", "--store", &url]).run());
+    let list = verbs::reply(&lock.store_cmd(&["list"]).run());
     assert!(matches!(list, Reply::List { .. }), "{list:?}");
     assert!(matches!(lock.call("history", &[]), Reply::History { .. }));
-    let all = verbs::reply(&Cmd::new(&cwd).args(["history", "--store", &url]).run());
+    let all = verbs::reply(&lock.store_cmd(&["history"]).run());
     assert!(matches!(all, Reply::History { .. }), "{all:?}");
     assert!(matches!(lock.release(&token), Reply::Released { .. }));
     let messages = seen.lock().unwrap().clone();

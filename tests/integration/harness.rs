@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 
 pub use serde_json::Value;
 
+pub mod chaos;
 pub mod gitd;
 pub mod http2;
 /// Every store a conformance test runs on, and the macro that runs it there.

@@ -44,17 +44,15 @@
 
 use crate::common;
 
-use common::verbs::{self, Reply};
-use common::{Cmd, Rng, TestEnv};
+use common::chaos::{self, Invoke, Proxy, Rng, Seed, Slot, boot_ns};
+use common::verbs::{self, Lock, Reply};
+use common::{TestEnv, wall_ms};
 use skill_lock::record::Timestamp;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::process::{Child, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
 // The sequential model.
@@ -468,16 +466,6 @@ pub fn verdict(calls: &[Call]) -> Verdict {
 // ---------------------------------------------------------------------------
 // Driving the real binary.
 
-fn wall_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
 fn ms_of(time: &str) -> i64 {
     Timestamp::parse(time).map_or(i64::MIN, |t| t.0 * 1000)
 }
@@ -554,7 +542,8 @@ fn read_answer(op: &Op, code: i32, reply: &Reply, ret_ms: i64) -> Option<Ret> {
 /// Where the workers run: a command line for the store under test.
 pub struct Target {
     pub name: &'static str,
-    pub make: Box<dyn Fn() -> Cmd + Send + Sync>,
+    /// The lock of this name (`--repo o/r`) in the store under test.
+    pub make: Box<dyn Fn(&str) -> Lock + Send + Sync>,
     /// The ttls the workers ask for.
     pub ttls: Vec<u64>,
     /// How long each lock is used before the workers move to the next
@@ -565,85 +554,48 @@ pub struct Target {
     pub fault_every: Duration,
 }
 
-/// A running client, killable by the fault thread (one mutex around the
-/// child, so a kill never reaches a pid that was already reaped).
-type Slot = Arc<Mutex<Option<Child>>>;
-
 /// Runs one call; None when it was killed or answered an error.
 fn run_call(target: &Target, slot: &Slot, op: &Op, lock: &str) -> (Option<Ret>, Instant) {
-    let args: Vec<String> = match op {
-        Op::Acquire { ttl, .. } => vec![
-            "acquire".into(),
-            lock.into(),
-            "--repo".into(),
-            "o/r".into(),
-            "--ttl".into(),
-            ttl.to_string(),
-        ],
-        Op::Renew { token, ttl, .. } => vec![
-            "renew".into(),
-            lock.into(),
-            "--repo".into(),
-            "o/r".into(),
-            "--ttl".into(),
-            ttl.to_string(),
-            "--token".into(),
-            token.clone(),
-        ],
-        Op::Release { token } => vec![
-            "release".into(),
-            lock.into(),
-            "--repo".into(),
-            "o/r".into(),
-            "--token".into(),
-            token.clone(),
-        ],
-        Op::Check { token } => vec![
-            "check".into(),
-            lock.into(),
-            "--repo".into(),
-            "o/r".into(),
-            "--token".into(),
-            token.clone(),
-        ],
-        Op::Status => vec!["status".into(), lock.into(), "--repo".into(), "o/r".into()],
+    let (verb, token, ttl) = match op {
+        Op::Acquire { ttl, .. } => ("acquire", None, Some(ttl)),
+        Op::Renew { token, ttl, .. } => ("renew", Some(token), Some(ttl)),
+        Op::Release { token } => ("release", Some(token), None),
+        Op::Check { token } => ("check", Some(token), None),
+        Op::Status => ("status", None, None),
     };
-    let mut cmd = (target.make)().args(&args).command();
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let child = cmd.spawn().expect("binary runs");
-    *slot.lock().unwrap() = Some(child);
-    let status = loop {
-        {
-            let mut g = slot.lock().unwrap();
-            if let Some(st) = g.as_mut().unwrap().try_wait().unwrap() {
-                break st;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    let answered = Instant::now();
-    let ret_ms = wall_ms();
-    let mut child = slot.lock().unwrap().take().unwrap();
-    let mut stdout = String::new();
-    if let Some(mut s) = child.stdout.take() {
-        let _ = s.read_to_string(&mut stdout);
+    let ttl = ttl.map(u64::to_string);
+    let mut extra = Vec::new();
+    if let Some(ttl) = &ttl {
+        extra.extend(["--ttl", ttl.as_str()]);
     }
-    let _ = child.wait(); // reaped by try_wait already: returns its status
-    let Some(code) = status.code() else {
-        return (None, answered); // killed
+    if let Some(token) = token {
+        extra.extend(["--token", token.as_str()]);
+    }
+    let cmd = (target.make)(lock).cmd(verb, &extra).command();
+    let how = Invoke {
+        slot: Some(slot),
+        ..Invoke::default()
     };
-    let reply: Reply = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("not a known reply to {op:?} ({e}): {stdout}"));
-    if code == 2 {
+    let ran = chaos::invoke(cmd, how);
+    // When it ended, on the monotonic and the wall clock.
+    let since = Duration::from_nanos(boot_ns().saturating_sub(ran.t1));
+    let answered = Instant::now() - since;
+    let ret_ms = wall_ms() - i64::try_from(since.as_millis()).unwrap();
+    if ran.killed {
+        return (None, answered);
+    }
+    let stdout = &ran.out.stdout;
+    let reply = ran
+        .reply()
+        .unwrap_or_else(|| panic!("not a known reply to {op:?}: {stdout}"));
+    if ran.out.code == 2 {
         assert!(
             matches!(&reply, Reply::Error { error, .. } if error == "store_unavailable"),
             "{stdout}"
         );
         return (None, answered);
     }
-    let ret = read_answer(op, code, &reply, ret_ms);
+    let ret = read_answer(op, ran.out.code, &reply, ret_ms);
     assert!(ret.is_some(), "unexpected answer to {op:?}: {stdout}");
     (ret, answered)
 }
@@ -662,13 +614,13 @@ pub struct Run {
 pub fn drive(
     target: &Target,
     secs: u64,
-    seed: u64,
+    seed: &Seed,
     fault: &(dyn Fn(&mut Rng) -> bool + Sync),
 ) -> Run {
     let stop = AtomicBool::new(false);
     let killed = AtomicUsize::new(0);
     let faults = AtomicUsize::new(0);
-    let slots: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
+    let slots: Vec<Slot> = (0..WORKERS).map(|_| Mutex::new(None)).collect();
     let start = Instant::now();
     let until = start + Duration::from_secs(secs);
     let calls = Mutex::new(Vec::new());
@@ -676,7 +628,7 @@ pub fn drive(
         for (w, slot) in slots.iter().enumerate() {
             let (calls, stop) = (&calls, &stop);
             s.spawn(move || {
-                let mut rng = Rng::new(seed ^ ((w as u64 + 1) * 7919));
+                let mut rng = seed.rng(w as u64);
                 // The token this worker holds, with its lock; an old one.
                 let mut held: Option<(String, String)> = None;
                 let mut old: Option<(String, String)> = None;
@@ -778,19 +730,15 @@ pub fn drive(
         // The fault thread: SIGKILL a client mid-call, or the store's own fault.
         let (slots, stop, killed, faults) = (&slots, &stop, &killed, &faults);
         s.spawn(move || {
-            let mut rng = Rng::new(seed);
+            let mut rng = seed.rng(WORKERS as u64);
             while Instant::now() < until {
                 let mean = u64::try_from(target.fault_every.as_millis()).unwrap();
                 std::thread::sleep(Duration::from_millis(mean / 4 + rng.below(mean * 3 / 2)));
                 if rng.chance(70) {
-                    let slot = &slots[rng.below(slots.len() as u64) as usize];
+                    let slot = &slots[rng.index(slots.len())];
                     // A few ms into the call, where it is doing its work.
                     std::thread::sleep(Duration::from_millis(rng.below(30)));
-                    let mut g = slot.lock().unwrap();
-                    if let Some(c) = g.as_mut()
-                        && c.try_wait().unwrap().is_none()
-                        && c.kill().is_ok()
-                    {
+                    if chaos::kill_in(slot) {
                         killed.fetch_add(1, Ordering::SeqCst);
                     }
                 } else if fault(&mut rng) {
@@ -829,7 +777,8 @@ pub fn decided(calls: Vec<Call>, secs: u64) -> Option<Verdict> {
 
 /// Checks a run within a bound (the checker's search is exponential in the
 /// worst case: a history it cannot decide in time fails, visibly).
-fn judge(store: &str, run: Run, seed: u64) {
+fn judge(store: &str, run: Run, seed: &Seed) {
+    let seed = seed.value;
     let killed = run.killed;
     let faults = run.faults;
     let v = decided(run.calls, 120)
@@ -855,104 +804,8 @@ fn judge(store: &str, run: Run, seed: u64) {
     );
 }
 
-fn seed() -> u64 {
-    std::env::var("SKILL_LOCK_LIN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| Rng::seeded(20).next())
-}
-
-// ---------------------------------------------------------------------------
-// A proxy that freezes or cuts (etcd, git).
-
-const PASS: u8 = 0;
-const FREEZE: u8 = 1;
-
-/// A TCP proxy on loopback whose every connection can be frozen (bytes
-/// held, both ways, and delivered late) or cut (closed).
-pub struct Proxy {
-    pub addr: String,
-    mode: Arc<AtomicU8>,
-    generation: Arc<AtomicU64>,
-}
-
-impl Proxy {
-    pub fn start(target: String) -> Self {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let mode = Arc::new(AtomicU8::new(PASS));
-        let generation = Arc::new(AtomicU64::new(0));
-        let (m, g) = (mode.clone(), generation.clone());
-        std::thread::spawn(move || {
-            for client in l.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(&target) else {
-                    continue;
-                };
-                let born = g.load(Ordering::SeqCst);
-                for (from, to) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
-                ] {
-                    let (m, g) = (m.clone(), g.clone());
-                    std::thread::spawn(move || pump(from, to, &m, &g, born));
-                }
-            }
-        });
-        Self {
-            addr,
-            mode,
-            generation,
-        }
-    }
-
-    /// Holds every byte for `d`, then lets them through.
-    pub fn freeze(&self, d: Duration) {
-        self.mode.store(FREEZE, Ordering::SeqCst);
-        std::thread::sleep(d);
-        self.mode.store(PASS, Ordering::SeqCst);
-    }
-
-    /// Closes every connection open now.
-    pub fn cut(&self) {
-        self.generation.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    mode: &AtomicU8,
-    generation: &AtomicU64,
-    born: u64,
-) {
-    let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
-    let mut b = [0u8; 16384];
-    loop {
-        if generation.load(Ordering::SeqCst) != born {
-            break;
-        }
-        let n = match from.read(&mut b) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue;
-            }
-            Err(_) => break,
-        };
-        while mode.load(Ordering::SeqCst) == FREEZE && generation.load(Ordering::SeqCst) == born {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if generation.load(Ordering::SeqCst) != born || to.write_all(&b[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = from.shutdown(Shutdown::Both);
-    let _ = to.shutdown(Shutdown::Both);
+fn seed() -> Seed {
+    Seed::from_env("linearizable", "SKILL_LOCK_LIN_SEED")
 }
 
 // ---------------------------------------------------------------------------
@@ -969,14 +822,14 @@ fn file_store_is_linearizable_under_client_kills() {
     let cwd = env.git_repo("repo");
     let target = Target {
         name: "file",
-        make: Box::new(move || Cmd::new(&cwd)),
+        make: Box::new(move |lock| Lock::new(&cwd, lock, "o/r")),
         ttls: vec![1, 2, LONG],
         epoch: Duration::from_secs(2),
         fault_every: Duration::from_millis(200),
     };
     let seed = seed();
-    let run = drive(&target, secs(), seed, &|_| false);
-    judge(target.name, run, seed);
+    let run = drive(&target, secs(), &seed, &|_| false);
+    judge(target.name, run, &seed);
 }
 
 #[test]
@@ -986,35 +839,34 @@ fn etcd_store_is_linearizable_under_client_kills_and_a_freezing_member() {
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let proxy = Arc::new(Proxy::start(ep));
+    let proxy = Proxy::start(&ep);
     let url = format!(
         "etcd://{}/lin-{}-{}/",
-        proxy.addr,
+        proxy.addr(),
         std::process::id(),
         env.root.file_name().unwrap().to_string_lossy()
     );
     let target = Target {
         name: "etcd",
-        make: Box::new(move || {
-            Cmd::new(&cwd)
-                .env("SKILL_LOCK_STORE", &url)
-                .env("SKILL_LOCK_ETCD_TIMEOUT", "2")
+        make: Box::new(move |lock| {
+            Lock::new(&cwd, lock, "o/r")
+                .with_env("SKILL_LOCK_STORE", &url)
+                .with_env("SKILL_LOCK_ETCD_TIMEOUT", "2")
         }),
         ttls: vec![1, 2, 3, LONG],
         epoch: Duration::from_secs(2),
         fault_every: Duration::from_millis(200),
     };
-    let p = proxy.clone();
     let seed = seed();
-    let run = drive(&target, secs(), seed, &move |rng: &mut Rng| {
+    let run = drive(&target, secs(), &seed, &|rng: &mut Rng| {
         if rng.chance(70) {
-            p.freeze(Duration::from_millis(200 + rng.below(2300)));
+            proxy.freeze(Duration::from_millis(200 + rng.below(2300)));
         } else {
-            p.cut();
+            proxy.sever();
         }
         true
     });
-    judge(target.name, run, seed);
+    judge(target.name, run, &seed);
 }
 
 #[test]
@@ -1024,28 +876,27 @@ fn git_store_is_linearizable_under_client_kills_and_dropped_connections() {
     let served = env.dir("served");
     common::gitd::bare_repo(&served.join("locks.git"));
     let daemon = common::gitd::Daemon::start(&served, 24450);
-    let proxy = Arc::new(Proxy::start(format!("127.0.0.1:{}", daemon.port)));
-    let url = format!("git:git://{}/locks.git", proxy.addr);
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", daemon.port));
+    let url = format!("git:git://{}/locks.git", proxy.addr());
     let cache = env.path("cache");
     let target = Target {
         name: "git",
-        make: Box::new(move || {
-            Cmd::new(&cwd)
-                .env("SKILL_LOCK_STORE", &url)
-                .env("SKILL_LOCK_GIT_CACHE", &cache)
-                .env("SKILL_LOCK_CLOCK_SKEW", "0")
+        make: Box::new(move |lock| {
+            Lock::new(&cwd, lock, "o/r")
+                .with_env("SKILL_LOCK_STORE", &url)
+                .with_env("SKILL_LOCK_GIT_CACHE", &cache)
+                .with_env("SKILL_LOCK_CLOCK_SKEW", "0")
         }),
         ttls: vec![1, 2, LONG],
         epoch: Duration::from_millis(1000),
         fault_every: Duration::from_millis(600),
     };
-    let p = proxy.clone();
     let seed = seed();
-    let run = drive(&target, secs(), seed, &move |_| {
-        p.cut();
+    let run = drive(&target, secs(), &seed, &|_| {
+        proxy.sever();
         true
     });
-    judge(target.name, run, seed);
+    judge(target.name, run, &seed);
     drop(daemon);
 }
 

@@ -7,10 +7,10 @@
 //! status, abandoning a lease so that it is taken over when it expires, and
 //! SIGKILL of in-flight acquire/renew/release processes at a random moment.
 //! A worker that holds a lock runs `check --token` before each "write" and
-//! only then appends `lock fence worker enter <ns>` and `... exit <ns>` to a
-//! shared `O_APPEND` witness file; `<ns>` is `CLOCK_BOOTTIME`, the clock the
-//! tool measures same-boot leases on, so witness times and lease deadlines
-//! compare exactly.
+//! only then "writes", appending `lock fence worker enter exit deadline` to a
+//! shared `O_APPEND` witness file (the chaos kit's); times are
+//! `CLOCK_BOOTTIME`, the clock the tool measures same-boot leases on, so
+//! witness times and lease deadlines compare exactly.
 //!
 //! After the run every invariant is checked from the witness file, the
 //! results the workers saw, and the store's own history; the run ends with a
@@ -22,19 +22,17 @@
 //! Covers: SPEC §6, §7.
 
 use crate::common;
-use common::Value;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::Command;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Cmd, Out, Rng, TestEnv, fence_of, holder_fence};
+use common::chaos::{self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns};
+use common::verbs::{Lock, Reply, TookOver};
+use common::{Cmd, TestEnv};
 use skill_lock::history::{Event, EventKind};
 use skill_lock::record::OwnerRecord;
 
@@ -50,6 +48,30 @@ const MAX_TTL: u64 = 4;
 /// Seconds of load in the default (short) mode.
 const SHORT_SECS: u64 = 12;
 
+const COUNTERS: &[&str] = &[
+    "episodes",
+    "operations",
+    "processes",
+    "kills",
+    "kill_attempts",
+    "acquired",
+    "already_running",
+    "takeovers",
+    "renewed",
+    "renewed_expired",
+    "released",
+    "released_tokenless",
+    "checks_held",
+    "checks_expired",
+    "lost",
+    "abandoned",
+    "sections",
+    "excused_overlaps",
+    "history_events",
+    "reader_corrupt",
+    "violations",
+];
+
 fn lock_name(i: usize) -> String {
     let (skill, repo) = LOCKS[i];
     let repo = repo.to_ascii_lowercase();
@@ -57,75 +79,33 @@ fn lock_name(i: usize) -> String {
     format!("{skill}@{owner}__{name}")
 }
 
-/// The lease clock in nanoseconds (`CLOCK_BOOTTIME` on Linux): the clock of
-/// same-boot lease deadlines.
-fn boot_ns() -> u64 {
-    u64::try_from(skill_lock::run::lease_clock().as_nanos()).unwrap()
-}
-
-fn seed_from_env_or_clock() -> u64 {
-    if let Some(s) = std::env::var("STRESS_SEED").ok().filter(|s| !s.is_empty()) {
-        return s.parse().expect("STRESS_SEED is an unsigned integer");
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ u64::from(std::process::id()).rotate_left(32)
-}
-
 fn env_secs(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .map_or(default, |s| s.parse().expect("a whole number of seconds"))
+    chaos::env_u64(name).unwrap_or(default)
 }
 
-/// Counters shared by every thread of one episode.
-#[derive(Default)]
-struct Stats {
-    operations: AtomicU64,
-    processes: AtomicU64,
-    kill_attempts: AtomicU64,
-    kills: AtomicU64,
-    acquired: AtomicU64,
-    already_running: AtomicU64,
-    takeovers: AtomicU64,
-    renewed: AtomicU64,
-    renewed_expired: AtomicU64,
-    released: AtomicU64,
-    released_tokenless: AtomicU64,
-    checks_held: AtomicU64,
-    checks_expired: AtomicU64,
-    lost: AtomicU64,
-    abandoned: AtomicU64,
-    reader_corrupt: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-fn get(c: &AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
-}
-
-/// One finished invocation of the binary.
-struct Ran {
-    pid: u32,
-    t0: u64,
-    t1: u64,
-    killed: bool,
-    out: Out,
+/// The binary under test, or `STRESS_BIN` instead (only to prove the
+/// harness catches a deliberately broken build).
+fn program(cmd: Cmd) -> Command {
+    let cmd = cmd.command();
+    let Some(bin) = std::env::var_os("STRESS_BIN") else {
+        return cmd;
+    };
+    let mut other = Command::new(bin);
+    other.env_clear().args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        other.current_dir(dir);
+    }
+    other
 }
 
 /// What one episode shares between its threads.
 struct World {
     repo: PathBuf,
     run: PathBuf,
-    witness: PathBuf,
+    witness: Witness,
     deadline: Instant,
     stats: Stats,
-    violations: Mutex<Vec<String>>,
+    violations: Violations,
     /// Sightings of `corrupt` by readers (status/check/list), with what was seen.
     reader_corrupt: Mutex<Vec<String>>,
     /// Pids of the invocations that SIGKILL ended: only they may leave a tombstone.
@@ -134,54 +114,45 @@ struct World {
 
 impl World {
     fn violation(&self, what: String) {
-        eprintln!("stress: VIOLATION: {what}");
-        self.violations.lock().unwrap().push(what);
+        self.violations.add(what);
     }
 
     fn reader_saw_corrupt(&self, what: String) {
-        bump(&self.stats.reader_corrupt);
+        self.stats.bump("reader_corrupt");
         self.reader_corrupt.lock().unwrap().push(what);
     }
 
-    /// Runs the binary; with `kill_after_us`, sends SIGKILL that long after spawning.
-    fn invoke(&self, args: &[String], kill_after_us: Option<u64>) -> Ran {
-        let mut cmd = match std::env::var_os("STRESS_BIN") {
-            // Only to prove the harness catches a deliberately broken build.
-            Some(bin) => {
-                let mut c = std::process::Command::new(bin);
-                c.current_dir(&self.repo).env_clear().args(args);
-                c
-            }
-            None => Cmd::new(&self.repo).args(args).command(),
+    fn lock(&self, i: usize) -> Lock {
+        let (skill, repo) = LOCKS[i];
+        Lock::new(&self.repo, skill, repo)
+    }
+
+    /// Runs `verb` on lock `i`; with `kill_after_us`, SIGKILLs it that long after spawning.
+    fn call(&self, i: usize, verb: &str, extra: &[&str], kill_after_us: Option<u64>) -> Ran {
+        self.invoke(self.lock(i).cmd(verb, extra), kill_after_us)
+    }
+
+    /// `list`, never killed.
+    fn list(&self) -> Ran {
+        self.invoke(self.lock(0).store_cmd(&["list"]), None)
+    }
+
+    fn invoke(&self, cmd: Cmd, kill_after_us: Option<u64>) -> Ran {
+        self.stats.bump("operations");
+        self.stats.bump("processes");
+        if kill_after_us.is_some() {
+            self.stats.bump("kill_attempts");
+        }
+        let how = Invoke {
+            kill_after: kill_after_us.map(Duration::from_micros),
+            ..Invoke::default()
         };
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        bump(&self.stats.operations);
-        bump(&self.stats.processes);
-        let t0 = boot_ns();
-        let child = cmd.spawn().expect("the binary starts");
-        let pid = child.id();
-        if let Some(us) = kill_after_us {
-            bump(&self.stats.kill_attempts);
-            std::thread::sleep(Duration::from_micros(us));
-            // SAFETY: the child is not reaped yet, so the pid is still ours.
-            unsafe { libc::kill(libc::pid_t::try_from(pid).unwrap(), libc::SIGKILL) };
+        let ran = chaos::invoke(program(cmd), how);
+        if ran.killed {
+            self.stats.bump("kills");
+            self.killed.lock().unwrap().insert(ran.pid);
         }
-        let output = child.wait_with_output().expect("the binary ends");
-        let t1 = boot_ns();
-        let killed = output.status.signal() == Some(libc::SIGKILL);
-        if killed {
-            bump(&self.stats.kills);
-            self.killed.lock().unwrap().insert(pid);
-        }
-        Ran {
-            pid,
-            t0,
-            t1,
-            killed,
-            out: Out::from(output),
-        }
+        ran
     }
 
     fn record_path(&self, lock: usize) -> PathBuf {
@@ -190,21 +161,16 @@ impl World {
             .join(format!("{}.lock", lock_name(lock)))
             .join("owner.json")
     }
-}
 
-fn lock_args(cmd: &str, lock: usize) -> Vec<String> {
-    let (skill, repo) = LOCKS[lock];
-    vec![cmd.into(), skill.into(), "--repo".into(), repo.into()]
-}
-
-fn describe(ran: &Ran) -> String {
-    format!(
-        "pid {} exit {}: {} {}",
-        ran.pid,
-        ran.out.code,
-        ran.out.stdout.trim_end(),
-        ran.out.stderr.trim_end()
-    )
+    /// The exact lease deadline (ms, boot clock) of `h` in its record, if
+    /// the record is still its.
+    fn deadline_ms(&self, h: &Held) -> Option<u64> {
+        std::fs::read(self.record_path(h.lock))
+            .ok()
+            .and_then(|b| OwnerRecord::parse(&b).ok())
+            .filter(|r| r.token_matches(&h.token))
+            .and_then(|r| r.holder.deadline_boot_ms)
+    }
 }
 
 /// A successful acquisition a worker saw.
@@ -217,6 +183,20 @@ struct Acq {
     t1: u64,
 }
 
+impl Acq {
+    /// The acquire call as a witness mark: believed from its start to its end.
+    fn mark(&self) -> Mark {
+        Mark {
+            lock: self.lock,
+            fence: self.fence,
+            holder: self.pid as usize,
+            enter: self.t0,
+            exit: self.t1,
+            believed: Mark::UNCHECKED,
+        }
+    }
+}
+
 /// A successful operation with a token (check held, renewed, released).
 #[derive(Debug, Clone)]
 struct TokenOp {
@@ -226,18 +206,19 @@ struct TokenOp {
     t0: u64,
 }
 
-/// A witnessed critical section, as the worker kept it.
+/// A witnessed critical section, as the worker kept it: its mark (the
+/// lease deadline in the record right after the check as `believed`) and
+/// when the check that allowed it started.
 #[derive(Debug, Clone)]
 struct Section {
-    lock: usize,
-    fence: u64,
-    worker: usize,
-    /// When the check that allowed it started.
+    mark: Mark,
     check_t0: u64,
-    /// The lease deadline (ms, `CLOCK_BOOTTIME`) in the record right after the check.
-    deadline_ms: u64,
-    enter: u64,
-    exit: u64,
+}
+
+impl AsRef<Mark> for Section {
+    fn as_ref(&self) -> &Mark {
+        &self.mark
+    }
 }
 
 /// A release without a token (never killed, so its effect is in the history).
@@ -266,39 +247,35 @@ fn kill_delay(rng: &mut Rng, percent: u64) -> Option<u64> {
     rng.chance(percent).then(|| rng.below(3_001))
 }
 
-fn worker(world: &World, id: usize, seed: u64) -> WorkerLog {
-    let mut rng = Rng::new(seed ^ (id as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+fn worker(world: &World, id: usize, mut rng: Rng) -> WorkerLog {
+    let rng = &mut rng;
     let mut log = WorkerLog::default();
-    let mut witness = OpenOptions::new()
-        .append(true)
-        .open(&world.witness)
-        .expect("witness file");
+    let mut pen = world.witness.pen();
     let mut held: Option<Held> = None;
     while Instant::now() < world.deadline {
         let roll = rng.below(1000);
         if roll < 4 {
-            tokenless_release(world, &mut rng, &mut log);
+            tokenless_release(world, rng, &mut log);
         } else if roll < 30 {
-            read_only(world, &mut rng);
+            read_only(world, rng);
         } else if let Some(h) = held.take() {
-            held = holding(world, &mut rng, &mut log, &mut witness, id, h, None);
+            held = holding(world, rng, &mut log, &mut pen, id, h, None);
         } else {
-            held = try_acquire(world, &mut rng, &mut log);
+            held = try_acquire(world, rng, &mut log);
         }
     }
     log
 }
 
 fn tokenless_release(world: &World, rng: &mut Rng, log: &mut WorkerLog) {
-    let lock = rng.below(LOCKS.len() as u64) as usize;
-    let ran = world.invoke(&lock_args("release", lock), None);
-    match (ran.out.code, ran.out.json["result"].as_str()) {
-        (0, Some("released")) => {
-            bump(&world.stats.released_tokenless);
-            if ran.out.json["holder"].is_null() {
+    let ran = world.call(rng.index(LOCKS.len()), "release", &[], None);
+    match (ran.out.code, ran.reply()) {
+        (0, Some(Reply::Released { holder, .. })) => {
+            world.stats.bump("released_tokenless");
+            if holder.is_none() {
                 world.reader_saw_corrupt(format!(
                     "tokenless release removed a corrupt lock: {}",
-                    describe(&ran)
+                    ran.describe()
                 ));
             }
             log.tokenless.push(TokenlessRelease {
@@ -306,83 +283,93 @@ fn tokenless_release(world: &World, rng: &mut Rng, log: &mut WorkerLog) {
                 t0: ran.t0,
             });
         }
-        (0, Some("not_held")) => {}
-        _ => world.violation(format!("release without token: {}", describe(&ran))),
+        (0, Some(Reply::NotHeld { .. })) => {}
+        _ => world.violation(format!("release without token: {}", ran.describe())),
     }
 }
 
 fn read_only(world: &World, rng: &mut Rng) {
-    let lock = rng.below(LOCKS.len() as u64) as usize;
+    let lock = rng.index(LOCKS.len());
     if rng.chance(50) {
-        let ran = world.invoke(&lock_args("status", lock), None);
-        let v = &ran.out.json;
-        match (ran.out.code, v["result"].as_str(), v["state"].as_str()) {
-            (0, Some("status"), Some("held" | "free")) => {}
-            (0, Some("status"), Some("stale")) if v["stale_reason"] != "corrupt" => {}
-            (0, Some("status"), Some("stale")) => {
-                world.reader_saw_corrupt(format!("status: {}", describe(&ran)));
-            }
-            _ => world.violation(format!("status: {}", describe(&ran))),
+        let ran = world.call(lock, "status", &[], None);
+        match (ran.out.code, ran.reply()) {
+            (
+                0,
+                Some(Reply::Status {
+                    state,
+                    stale_reason,
+                    ..
+                }),
+            ) => match state.as_str() {
+                "held" | "free" => {}
+                "stale" if stale_reason.as_deref() != Some("corrupt") => {}
+                "stale" => world.reader_saw_corrupt(format!("status: {}", ran.describe())),
+                _ => world.violation(format!("status: {}", ran.describe())),
+            },
+            _ => world.violation(format!("status: {}", ran.describe())),
         }
     } else {
-        let mut args = lock_args("check", lock);
-        args.extend(["--token".into(), "0".repeat(32)]);
-        let ran = world.invoke(&args, None);
-        match (ran.out.code, ran.out.json["result"].as_str()) {
-            (4, Some("not_held")) => {}
-            (4, Some("not_owner")) if ran.out.json["holder"].is_null() => {
-                world.reader_saw_corrupt(format!("check: {}", describe(&ran)));
+        let ran = world.call(lock, "check", &["--token", &"0".repeat(32)], None);
+        match (ran.out.code, ran.reply()) {
+            (4, Some(Reply::NotHeld { .. })) => {}
+            (4, Some(Reply::NotOwner { holder: None, .. })) => {
+                world.reader_saw_corrupt(format!("check: {}", ran.describe()));
             }
-            (4, Some("not_owner")) => {}
-            _ => world.violation(format!("check with a foreign token: {}", describe(&ran))),
+            (4, Some(Reply::NotOwner { .. })) => {}
+            _ => world.violation(format!("check with a foreign token: {}", ran.describe())),
         }
     }
 }
 
+/// A takeover the acquire at `ran` reported, judged: only of an expired
+/// lease, of a lower fence, whose deadline had passed when it ended.
+fn judge_takeover(world: &World, ran: &Ran, fence: u64, t: &TookOver) {
+    world.stats.bump("takeovers");
+    let prev = t.holder.as_ref();
+    let prev_deadline = prev.and_then(|h| h.deadline_boot_ms);
+    if t.reason != "expired" {
+        world.violation(format!(
+            "takeover not of an expired lease: {}",
+            ran.describe()
+        ));
+    } else if prev.is_none_or(|h| h.fence >= fence) {
+        world.violation(format!(
+            "took over a fence not below its own: {}",
+            ran.describe()
+        ));
+    } else if prev_deadline.is_none_or(|d| d * 1_000_000 > ran.t1) {
+        world.violation(format!(
+            "took over a lease whose deadline was still ahead when the acquire ended: {}",
+            ran.describe()
+        ));
+    }
+}
+
 fn try_acquire(world: &World, rng: &mut Rng, log: &mut WorkerLog) -> Option<Held> {
-    let lock = rng.below(LOCKS.len() as u64) as usize;
+    let lock = rng.index(LOCKS.len());
     let ttl = if rng.chance(70) {
-        1 + rng.below(2)
+        rng.range(1, 2)
     } else {
-        3 + rng.below(MAX_TTL - 2)
+        rng.range(3, MAX_TTL)
     };
-    let mut args = lock_args("acquire", lock);
-    args.extend(["--ttl".into(), ttl.to_string()]);
-    let ran = world.invoke(&args, kill_delay(rng, 12));
+    let kill = kill_delay(rng, 12);
+    let ran = world.call(lock, "acquire", &["--ttl", &ttl.to_string()], kill);
     if ran.killed {
         return None;
     }
-    let v = &ran.out.json;
-    match (ran.out.code, v["result"].as_str()) {
-        (0, Some("acquired")) => {
-            bump(&world.stats.acquired);
-            let (Some(fence), Some(token)) = (fence_of(v), v["token"].as_str()) else {
-                world.violation(format!(
-                    "acquired without fence or token: {}",
-                    describe(&ran)
-                ));
-                return None;
-            };
-            if !v["took_over"].is_null() {
-                bump(&world.stats.takeovers);
-                let t = &v["took_over"];
-                let prev_deadline = t["holder"]["deadline_boot_ms"].as_u64();
-                if t["reason"] != "expired" {
-                    world.violation(format!(
-                        "takeover not of an expired lease: {}",
-                        describe(&ran)
-                    ));
-                } else if holder_fence(t).is_none_or(|f| f >= fence) {
-                    world.violation(format!(
-                        "took over a fence not below its own: {}",
-                        describe(&ran)
-                    ));
-                } else if prev_deadline.is_none_or(|d| d * 1_000_000 > ran.t1) {
-                    world.violation(format!(
-                        "took over a lease whose deadline was still ahead when the acquire ended: {}",
-                        describe(&ran)
-                    ));
-                }
+    match (ran.out.code, ran.reply()) {
+        (
+            0,
+            Some(Reply::Acquired {
+                fence,
+                token,
+                took_over,
+                ..
+            }),
+        ) => {
+            world.stats.bump("acquired");
+            if let Some(t) = &took_over {
+                judge_takeover(world, &ran, fence, t);
             }
             log.acquisitions.push(Acq {
                 lock,
@@ -393,24 +380,18 @@ fn try_acquire(world: &World, rng: &mut Rng, log: &mut WorkerLog) -> Option<Held
             });
             Some(Held {
                 lock,
-                token: token.to_owned(),
+                token,
                 fence,
                 ttl,
             })
         }
-        (3, Some("already_running")) => {
-            bump(&world.stats.already_running);
-            if holder_fence(v).is_none() {
-                world.violation(format!(
-                    "already_running without a holder: {}",
-                    describe(&ran)
-                ));
-            }
+        (3, Some(Reply::AlreadyRunning { .. })) => {
+            world.stats.bump("already_running");
             std::thread::sleep(Duration::from_millis(20 + rng.below(130)));
             None
         }
         _ => {
-            world.violation(format!("acquire: {}", describe(&ran)));
+            world.violation(format!("acquire: {}", ran.describe()));
             None
         }
     }
@@ -420,173 +401,178 @@ fn holding(
     world: &World,
     rng: &mut Rng,
     log: &mut WorkerLog,
-    witness: &mut std::fs::File,
+    pen: &mut Pen,
     id: usize,
     h: Held,
     forced: Option<u64>,
 ) -> Option<Held> {
-    let with_token = |cmd: &str| {
-        let mut a = lock_args(cmd, h.lock);
-        a.extend(["--token".into(), h.token.clone()]);
-        a
+    let token = ["--token", h.token.as_str()];
+    let op = |what| TokenOp {
+        what,
+        lock: h.lock,
+        fence: h.fence,
+        t0: 0,
     };
     let roll = forced.unwrap_or_else(|| rng.below(100));
     if roll < 45 {
         // Check, then "write" inside the witnessed critical section.
-        let ran = world.invoke(&with_token("check"), None);
-        let v = &ran.out.json;
-        match (ran.out.code, v["result"].as_str()) {
-            (0, Some("held")) => {
-                bump(&world.stats.checks_held);
-                if fence_of(v) != Some(h.fence) {
+        let ran = world.call(h.lock, "check", &token, None);
+        match (ran.out.code, ran.reply()) {
+            (0, Some(Reply::Held { fence, .. })) => {
+                world.stats.bump("checks_held");
+                if fence != h.fence {
                     world.violation(format!(
-                        "check held names fence {:?}, not ours {}: {}",
-                        fence_of(v),
+                        "check held names fence {fence}, not ours {}: {}",
                         h.fence,
-                        describe(&ran)
+                        ran.describe()
                     ));
                     return None;
                 }
                 log.token_ops.push(TokenOp {
-                    what: "check",
-                    lock: h.lock,
-                    fence: h.fence,
                     t0: ran.t0,
+                    ..op("check")
                 });
                 // The exact lease deadline, for judging overlaps (docs/stress.md).
-                let deadline_ms = std::fs::read(world.record_path(h.lock))
-                    .ok()
-                    .and_then(|b| OwnerRecord::parse(&b).ok())
-                    .filter(|r| r.token_matches(&h.token))
-                    .and_then(|r| r.holder.deadline_boot_ms);
-                let Some(deadline_ms) = deadline_ms else {
-                    bump(&world.stats.lost);
+                let Some(deadline_ms) = world.deadline_ms(&h) else {
+                    world.stats.bump("lost");
                     return None;
                 };
-                let name = lock_name(h.lock);
                 let enter = boot_ns();
-                witness
-                    .write_all(format!("{name} {} {id} enter {enter}\n", h.fence).as_bytes())
-                    .unwrap();
                 std::thread::sleep(Duration::from_micros(rng.below(2_000)));
-                let exit = boot_ns();
-                witness
-                    .write_all(format!("{name} {} {id} exit {exit}\n", h.fence).as_bytes())
-                    .unwrap();
-                log.sections.push(Section {
+                let mark = Mark {
                     lock: h.lock,
                     fence: h.fence,
-                    worker: id,
-                    check_t0: ran.t0,
-                    deadline_ms,
+                    holder: id,
                     enter,
-                    exit,
+                    exit: boot_ns(),
+                    believed: deadline_ms * 1_000_000,
+                };
+                pen.write(&mark);
+                log.sections.push(Section {
+                    mark,
+                    check_t0: ran.t0,
                 });
                 Some(h)
             }
-            (4, Some("expired")) => {
-                bump(&world.stats.checks_expired);
+            (4, Some(Reply::Expired { .. })) => {
+                world.stats.bump("checks_expired");
                 Some(h) // maybe nobody took it over yet: a renew may still save it
             }
-            (4, Some("not_owner")) if v["holder"].is_null() => {
-                world.reader_saw_corrupt(format!("check with own token: {}", describe(&ran)));
-                bump(&world.stats.lost);
+            (4, Some(Reply::NotOwner { holder: None, .. })) => {
+                world.reader_saw_corrupt(format!("check with own token: {}", ran.describe()));
+                world.stats.bump("lost");
                 None
             }
-            (4, Some("not_owner")) if holder_fence(v) == Some(h.fence) => {
+            (
+                4,
+                Some(Reply::NotOwner {
+                    holder: Some(o), ..
+                }),
+            ) if o.fence == h.fence => {
                 world.violation(format!(
                     "not_owner naming our own fence: {}",
-                    describe(&ran)
+                    ran.describe()
                 ));
                 None
             }
-            (4, Some("not_owner" | "not_held")) => {
-                bump(&world.stats.lost);
+            (4, Some(Reply::NotOwner { .. } | Reply::NotHeld { .. })) => {
+                world.stats.bump("lost");
                 None
             }
             _ => {
-                world.violation(format!("check: {}", describe(&ran)));
+                world.violation(format!("check: {}", ran.describe()));
                 None
             }
         }
     } else if roll < 60 {
-        let mut args = with_token("renew");
+        let ttl = (1 + rng.below(MAX_TTL)).to_string();
+        let mut args = token.to_vec();
         if rng.chance(30) {
-            args.extend(["--ttl".into(), (1 + rng.below(MAX_TTL)).to_string()]);
+            args.extend(["--ttl", ttl.as_str()]);
         }
-        let ran = world.invoke(&args, kill_delay(rng, 20));
+        let ran = world.call(h.lock, "renew", &args, kill_delay(rng, 20));
         if ran.killed {
             return Some(h);
         }
-        let v = &ran.out.json;
-        match (ran.out.code, v["result"].as_str()) {
-            (0, Some("renewed")) => {
-                bump(&world.stats.renewed);
-                if v["was_expired"] == true {
-                    bump(&world.stats.renewed_expired);
+        match (ran.out.code, ran.reply()) {
+            (
+                0,
+                Some(Reply::Renewed {
+                    fence, was_expired, ..
+                }),
+            ) => {
+                world.stats.bump("renewed");
+                if was_expired {
+                    world.stats.bump("renewed_expired");
                 }
-                if fence_of(v) != Some(h.fence) {
+                if fence != h.fence {
                     world.violation(format!(
-                        "renewed names fence {:?}, not ours {}: {}",
-                        fence_of(v),
+                        "renewed names fence {fence}, not ours {}: {}",
                         h.fence,
-                        describe(&ran)
+                        ran.describe()
                     ));
                     return None;
                 }
                 log.token_ops.push(TokenOp {
-                    what: "renew",
-                    lock: h.lock,
-                    fence: h.fence,
                     t0: ran.t0,
+                    ..op("renew")
                 });
                 Some(h)
             }
-            (4, Some("not_owner")) if holder_fence(v) == Some(h.fence) => {
+            (
+                4,
+                Some(Reply::NotOwner {
+                    holder: Some(o), ..
+                }),
+            ) if o.fence == h.fence => {
                 world.violation(format!(
                     "renew: not_owner naming our own fence: {}",
-                    describe(&ran)
+                    ran.describe()
                 ));
                 None
             }
-            (4, Some("not_owner" | "not_held")) => {
-                bump(&world.stats.lost);
+            (4, Some(Reply::NotOwner { .. } | Reply::NotHeld { .. })) => {
+                world.stats.bump("lost");
                 None
             }
             _ => {
-                world.violation(format!("renew: {}", describe(&ran)));
+                world.violation(format!("renew: {}", ran.describe()));
                 None
             }
         }
     } else if roll < 88 {
-        let ran = world.invoke(&with_token("release"), kill_delay(rng, 20));
+        let ran = world.call(h.lock, "release", &token, kill_delay(rng, 20));
         if ran.killed {
             return None;
         }
-        let v = &ran.out.json;
-        match (ran.out.code, v["result"].as_str()) {
-            (0, Some("released")) => {
-                bump(&world.stats.released);
-                if holder_fence(v) != Some(h.fence) || v["forced"] != false {
+        match (ran.out.code, ran.reply()) {
+            (0, Some(Reply::Released { holder, forced, .. })) => {
+                world.stats.bump("released");
+                let removed = holder.map(|o| o.fence);
+                if removed != Some(h.fence) || forced {
                     world.violation(format!(
-                        "token release removed fence {:?}, not ours {}: {}",
-                        holder_fence(v),
+                        "token release removed fence {removed:?}, not ours {}: {}",
                         h.fence,
-                        describe(&ran)
+                        ran.describe()
                     ));
                 }
                 log.token_ops.push(TokenOp {
-                    what: "release",
-                    lock: h.lock,
-                    fence: h.fence,
                     t0: ran.t0,
+                    ..op("release")
                 });
             }
-            (4, Some("refused")) if holder_fence(v) == Some(h.fence) => {
-                world.violation(format!("release refused our own fence: {}", describe(&ran)));
+            (
+                4,
+                Some(Reply::Refused {
+                    holder: Some(o), ..
+                }),
+            ) if o.fence == h.fence => {
+                world.violation(format!("release refused our own fence: {}", ran.describe()));
             }
-            (0, Some("not_held")) | (4, Some("refused")) => bump(&world.stats.lost),
-            _ => world.violation(format!("release: {}", describe(&ran))),
+            (0, Some(Reply::NotHeld { .. })) | (4, Some(Reply::Refused { .. })) => {
+                world.stats.bump("lost");
+            }
+            _ => world.violation(format!("release: {}", ran.describe())),
         }
         None
     } else if roll < 96 {
@@ -594,18 +580,13 @@ fn holding(
         if h.ttl > 1 {
             return Some(h);
         }
-        bump(&world.stats.abandoned);
+        world.stats.bump("abandoned");
         None
     } else if roll < 98 {
         // At the edge: wait until just after the lease's deadline, then check
         // or renew, racing the acquirers that take it over.
-        let deadline_ms = std::fs::read(world.record_path(h.lock))
-            .ok()
-            .and_then(|b| OwnerRecord::parse(&b).ok())
-            .filter(|r| r.token_matches(&h.token))
-            .and_then(|r| r.holder.deadline_boot_ms);
-        let Some(deadline_ms) = deadline_ms else {
-            bump(&world.stats.lost);
+        let Some(deadline_ms) = world.deadline_ms(&h) else {
+            world.stats.bump("lost");
             return None;
         };
         let target = deadline_ms * 1_000_000 + rng.below(30_000_000);
@@ -614,12 +595,17 @@ fn holding(
             .min((MAX_TTL + 1) * 1_000_000_000);
         std::thread::sleep(Duration::from_nanos(wait));
         let then = if rng.chance(50) { 0 } else { 50 };
-        holding(world, rng, log, witness, id, h, Some(then))
+        holding(world, rng, log, pen, id, h, Some(then))
     } else {
         // Dawdle: a short lease may run out meanwhile.
         std::thread::sleep(Duration::from_millis(100 + rng.below(1_900)));
         Some(h)
     }
+}
+
+/// Is `reply` a `status` calling the lock corrupt?
+fn says_corrupt(reply: Option<&Reply>) -> bool {
+    matches!(reply, Some(Reply::Status { stale_reason: Some(r), .. }) if r == "corrupt")
 }
 
 /// Reads status and list of every lock until the load stops; a corrupt
@@ -629,82 +615,59 @@ fn monitor(world: &World, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         round += 1;
         for lock in 0..LOCKS.len() {
-            let ran = world.invoke(&lock_args("status", lock), None);
-            let v = &ran.out.json;
-            if ran.out.code != 0 || v["result"] != "status" {
-                world.violation(format!("monitor status: {}", describe(&ran)));
-            } else if v["stale_reason"] == "corrupt" {
-                world.reader_saw_corrupt(format!("monitor status: {}", describe(&ran)));
+            let ran = world.call(lock, "status", &[], None);
+            let reply = ran.reply();
+            if ran.out.code != 0 || !matches!(reply, Some(Reply::Status { .. })) {
+                world.violation(format!("monitor status: {}", ran.describe()));
+            } else if says_corrupt(reply.as_ref()) {
+                world.reader_saw_corrupt(format!("monitor status: {}", ran.describe()));
                 let stuck = (0..3).all(|_| {
                     std::thread::sleep(Duration::from_millis(5));
-                    world.invoke(&lock_args("status", lock), None).out.json["stale_reason"]
-                        == "corrupt"
+                    says_corrupt(world.call(lock, "status", &[], None).reply().as_ref())
                 });
                 if stuck {
                     world.violation(format!(
                         "lock {} stays corrupt: {}",
                         lock_name(lock),
-                        describe(&ran)
+                        ran.describe()
                     ));
                 }
             }
         }
         if round.is_multiple_of(4) {
-            let ran = world.invoke(&["list".to_owned()], None);
-            let v = &ran.out.json;
-            if ran.out.code != 0 || v["result"] != "list" {
-                world.violation(format!("monitor list: {}", describe(&ran)));
-            }
-            for l in v["locks"].as_array().into_iter().flatten() {
-                if l["stale_reason"] == "corrupt" {
-                    world.reader_saw_corrupt(format!("monitor list: {l}"));
+            let ran = world.list();
+            match (ran.out.code, ran.reply()) {
+                (0, Some(Reply::List { locks, .. })) => {
+                    for l in locks {
+                        if l.stale_reason.as_deref() == Some("corrupt") {
+                            world.reader_saw_corrupt(format!("monitor list: {l:?}"));
+                        }
+                    }
                 }
+                _ => world.violation(format!("monitor list: {}", ran.describe())),
             }
         }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-/// Pairs the witness file's enter/exit lines and matches them with what the workers kept.
+/// Reads the witness file back and matches it with the sections the workers kept.
 fn read_witness(world: &World, logs: &[WorkerLog]) -> Vec<Section> {
-    let text = std::fs::read_to_string(&world.witness).unwrap();
-    let mut per_worker: BTreeMap<usize, Vec<(String, u64, String, u64)>> = BTreeMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let p: Vec<&str> = line.split(' ').collect();
-        let parsed = (p.len() == 5)
-            .then(|| {
-                Some((
-                    p[0].to_owned(),
-                    p[1].parse::<u64>().ok()?,
-                    p[2].parse::<usize>().ok()?,
-                    p[3].to_owned(),
-                    p[4].parse::<u64>().ok()?,
-                ))
-            })
-            .flatten();
-        let Some((lock, fence, w, what, ns)) = parsed else {
-            world.violation(format!("witness line {} unreadable: {line:?}", n + 1));
-            continue;
-        };
-        per_worker
-            .entry(w)
-            .or_default()
-            .push((lock, fence, what, ns));
+    let (marks, unreadable) = world.witness.marks();
+    unreadable.into_iter().for_each(|u| world.violation(u));
+    let mut per_worker: BTreeMap<usize, Vec<Mark>> = BTreeMap::new();
+    for m in marks {
+        per_worker.entry(m.holder).or_default().push(m);
     }
     let mut sections = Vec::new();
     for (w, log) in logs.iter().enumerate() {
         let lines = per_worker.remove(&w).unwrap_or_default();
-        let ok = lines.len() == 2 * log.sections.len()
-            && log.sections.iter().zip(lines.chunks(2)).all(|(s, pair)| {
-                let name = lock_name(s.lock);
-                pair[0] == (name.clone(), s.fence, "enter".to_owned(), s.enter)
-                    && pair[1] == (name, s.fence, "exit".to_owned(), s.exit)
-            });
-        if !ok {
+        let kept: Vec<Mark> = log.sections.iter().map(|s| s.mark).collect();
+        if lines != kept {
             world.violation(format!(
                 "worker {w}: witness file ({} lines) does not match its {} sections",
                 lines.len(),
-                log.sections.len()
+                kept.len()
             ));
         }
         sections.extend(log.sections.iter().cloned());
@@ -755,7 +718,6 @@ fn verify(world: &World, logs: &[WorkerLog]) -> u64 {
         .map(|t| (t.pid, t.t0))
         .collect();
     let (events, rotated) = read_history(world);
-    let mut excused = 0;
 
     // (b) History: per lock, `acquired` fences strictly increase in file order.
     // Also: takeovers only of expired leases; and (lock, fence) -> start of the
@@ -836,23 +798,14 @@ fn verify(world: &World, logs: &[WorkerLog]) -> u64 {
                 ));
             }
         }
-        // Real-time order: an acquisition that ended before another began has the lower fence.
-        let mut by_end: Vec<&Acq> = mine.clone();
-        by_end.sort_by_key(|a| a.t1);
-        let mut by_start: Vec<&Acq> = mine.clone();
-        by_start.sort_by_key(|a| a.t0);
-        let (mut i, mut max_before) = (0, 0u64);
-        for b in &by_start {
-            while i < by_end.len() && by_end[i].t1 < b.t0 {
-                max_before = max_before.max(by_end[i].fence);
-                i += 1;
-            }
-            if max_before >= b.fence {
-                world.violation(format!(
-                    "{name}: fence {} acquired after fence {max_before} had been",
-                    b.fence
-                ));
-            }
+        // Real-time order: an acquisition that ended before another began
+        // has the lower fence.
+        let marks: Vec<Mark> = mine.iter().map(|a| a.mark()).collect();
+        for (before, b) in chaos::regressions(&marks) {
+            world.violation(format!(
+                "{name}: fence {} acquired after fence {} had been",
+                b.fence, before.fence
+            ));
         }
         // A token op of fence f never starts after an acquisition of a later fence ended.
         // mine is sorted by fence: suffix minimum of end times.
@@ -869,41 +822,49 @@ fn verify(world: &World, logs: &[WorkerLog]) -> u64 {
                 ));
             }
         }
+    }
+    judge_overlaps(world, &sections, &removed_by_tokenless)
+}
 
-        // (a) The witness: overlapping sections of one lock are only possible
-        // when the older one's lease had already been lost.
-        let mut secs: Vec<&Section> = sections.iter().filter(|s| s.lock == lock).collect();
-        secs.sort_by_key(|s| s.enter);
-        for (k, b) in secs.iter().enumerate() {
-            for a in &secs[..k] {
-                if a.exit <= b.enter {
-                    continue;
-                }
-                let (old, new) = if a.fence <= b.fence { (a, b) } else { (b, a) };
-                if old.fence == new.fence {
-                    world.violation(format!(
-                        "{name}: workers {} and {} overlap in fence {}: {a:?} {b:?}",
-                        a.worker, b.worker, a.fence
-                    ));
-                    continue;
-                }
-                if old.check_t0 > new.enter {
-                    world.violation(format!("{name}: {old:?} checked after {new:?} entered"));
-                }
-                let lost = (old.deadline_ms * 1_000_000).min(
-                    removed_by_tokenless
-                        .get(&(name.clone(), old.fence))
-                        .copied()
-                        .unwrap_or(u64::MAX),
-                );
-                if lost > new.enter {
-                    world.violation(format!(
-                        "{name}: sections overlap while the older lease was live: {old:?} {new:?}"
-                    ));
-                } else {
-                    excused += 1;
-                }
-            }
+/// (a) The witness: overlapping sections of one lock are only possible
+/// when the older one's lease had already been lost (its deadline, or the
+/// start of the tokenless release that removed it); returns how many
+/// overlaps were so excused.
+fn judge_overlaps(
+    world: &World,
+    sections: &[Section],
+    removed_by_tokenless: &HashMap<(String, u64), u64>,
+) -> u64 {
+    let mut excused = 0;
+    for (a, b) in chaos::overlaps(sections) {
+        let name = lock_name(a.mark.lock);
+        let (old, new) = if a.mark.fence <= b.mark.fence {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        if old.mark.fence == new.mark.fence {
+            world.violation(format!(
+                "{name}: workers {} and {} overlap in fence {}: {a:?} {b:?}",
+                a.mark.holder, b.mark.holder, a.mark.fence
+            ));
+            continue;
+        }
+        if old.check_t0 > new.mark.enter {
+            world.violation(format!("{name}: {old:?} checked after {new:?} entered"));
+        }
+        let lost = old.mark.believed.min(
+            removed_by_tokenless
+                .get(&(name.clone(), old.mark.fence))
+                .copied()
+                .unwrap_or(u64::MAX),
+        );
+        if lost > new.mark.enter {
+            world.violation(format!(
+                "{name}: sections overlap while the older lease was live: {old:?} {new:?}"
+            ));
+        } else {
+            excused += 1;
         }
     }
     excused
@@ -913,32 +874,42 @@ fn verify(world: &World, logs: &[WorkerLog]) -> u64 {
 /// leaves no temporary of that lock and no tombstone.
 fn settle(world: &World) {
     std::thread::sleep(Duration::from_millis(MAX_TTL * 1000 + 1_500));
-    let ran = world.invoke(&["list".to_owned()], None);
-    let v = ran.out.json.clone();
-    for l in v["locks"].as_array().into_iter().flatten() {
-        if l["state"] != "stale" || l["stale_reason"] != "expired" {
+    let ran = world.list();
+    let Some(Reply::List { locks, .. }) = ran.reply() else {
+        world.violation(format!("list after the load: {}", ran.describe()));
+        return;
+    };
+    for l in locks {
+        if l.state != "stale" || l.stale_reason.as_deref() != Some("expired") {
             world.violation(format!(
-                "after the longest lease a lock is not stale/expired: {l}"
+                "after the longest lease a lock is not stale/expired: {l:?}"
             ));
         }
     }
     for lock in 0..LOCKS.len() {
-        let mut args = lock_args("acquire", lock);
-        args.extend(["--ttl".into(), "60".into()]);
-        let ran = world.invoke(&args, None);
-        let v = ran.out.json.clone();
-        if ran.out.code != 0 || v["result"] != "acquired" {
-            world.violation(format!("final acquire: {}", describe(&ran)));
+        let ran = world.call(lock, "acquire", &["--ttl", "60"], None);
+        let (
+            0,
+            Some(Reply::Acquired {
+                token, took_over, ..
+            }),
+        ) = (ran.out.code, ran.reply())
+        else {
+            world.violation(format!("final acquire: {}", ran.describe()));
             continue;
+        };
+        if took_over.is_some_and(|t| t.reason != "expired") {
+            world.violation(format!(
+                "final acquire took over a non-expired lock: {}",
+                ran.describe()
+            ));
         }
-        if !(v["took_over"].is_null() || v["took_over"]["reason"] == "expired") {
-            world.violation(format!("final acquire took over a non-expired lock: {v}"));
-        }
-        let mut args = lock_args("release", lock);
-        args.extend(["--token".into(), v["token"].as_str().unwrap().to_owned()]);
-        let ran = world.invoke(&args, None);
-        if ran.out.code != 0 || ran.out.json["result"] != "released" {
-            world.violation(format!("final release: {}", describe(&ran)));
+        let ran = world.call(lock, "release", &["--token", &token], None);
+        if !matches!(
+            (ran.out.code, ran.reply()),
+            (0, Some(Reply::Released { .. }))
+        ) {
+            world.violation(format!("final release: {}", ran.describe()));
         }
         let name = lock_name(lock);
         let left: Vec<String> = common::tree(&world.run.join("tmp"))
@@ -950,11 +921,15 @@ fn settle(world: &World) {
         }
     }
     let leftovers = tombstones_left(world);
-    let v = world.invoke(&["list".to_owned()], None).out.json;
-    if v["tombstones"] != leftovers || v["locks"].as_array().is_none_or(|l| !l.is_empty()) {
-        world.violation(format!(
-            "final list is not empty or miscounts the {leftovers} leftover tombstone(s): {v}"
-        ));
+    let ran = world.list();
+    match ran.reply() {
+        Some(Reply::List {
+            locks, tombstones, ..
+        }) if locks.is_empty() && tombstones == leftovers => {}
+        _ => world.violation(format!(
+            "final list is not empty or miscounts the {leftovers} leftover tombstone(s): {}",
+            ran.describe()
+        )),
     }
 }
 
@@ -962,7 +937,7 @@ fn settle(world: &World) {
 /// renamed (SPEC §5 Trust), so one may stay only where SIGKILL ended its
 /// maker between the rename and the removal: its name must carry the pid of
 /// a killed invocation.
-fn tombstones_left(world: &World) -> usize {
+fn tombstones_left(world: &World) -> u64 {
     let killed = world.killed.lock().unwrap();
     let mut left = 0;
     for entry in std::fs::read_dir(world.run.join("tombs"))
@@ -982,65 +957,6 @@ fn tombstones_left(world: &World) -> usize {
     left
 }
 
-#[derive(Default, Debug)]
-struct Summary {
-    episodes: u64,
-    secs: f64,
-    operations: u64,
-    processes: u64,
-    kill_attempts: u64,
-    kills: u64,
-    acquired: u64,
-    already_running: u64,
-    takeovers: u64,
-    renewed: u64,
-    renewed_expired: u64,
-    released: u64,
-    released_tokenless: u64,
-    checks_held: u64,
-    checks_expired: u64,
-    lost: u64,
-    abandoned: u64,
-    sections: u64,
-    excused_overlaps: u64,
-    history_events: u64,
-    reader_corrupt: u64,
-    violations: u64,
-}
-
-impl Summary {
-    fn line(&self, seed: u64) -> String {
-        format!(
-            "stress summary: seed={seed} episodes={} secs={:.0} workers={WORKERS} operations={} processes={} \
-             kills={} (attempted {}) acquired={} already_running={} takeovers={} renewed={} (was_expired {}) \
-             released={} released_tokenless={} checks_held={} checks_expired={} lost={} abandoned={} \
-             sections={} excused_overlaps={} history_events={} reader_corrupt={} violations={}",
-            self.episodes,
-            self.secs,
-            self.operations,
-            self.processes,
-            self.kills,
-            self.kill_attempts,
-            self.acquired,
-            self.already_running,
-            self.takeovers,
-            self.renewed,
-            self.renewed_expired,
-            self.released,
-            self.released_tokenless,
-            self.checks_held,
-            self.checks_expired,
-            self.lost,
-            self.abandoned,
-            self.sections,
-            self.excused_overlaps,
-            self.history_events,
-            self.reader_corrupt,
-            self.violations
-        )
-    }
-}
-
 /// Whether a reader seeing `corrupt` fails the run: yes, unless
 /// `STRESS_LAX_READERS=1` (then they are only counted). Lax was the default
 /// while BUG-1 (docs/stress.md: a reader could see a lock directory between a
@@ -1049,30 +965,28 @@ fn strict_readers() -> bool {
     std::env::var("STRESS_LAX_READERS").map_or(true, |v| v != "1")
 }
 
-/// One verified episode of `secs` seconds of load.
-fn episode(seed: u64, secs: u64, summary: &mut Summary) -> Vec<String> {
+/// One verified episode of `secs` seconds of load; its counters are added
+/// to `summary`.
+fn episode(seed: &Seed, n: u64, secs: u64, summary: &Stats) -> Vec<String> {
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
-    let witness = env.path("witness.log");
-    std::fs::File::create(&witness).unwrap();
     let world = World {
         run: repo.join(".git/apache-magpie/run"),
         repo,
-        witness,
+        witness: Witness::create(env.path("witness.log")),
         deadline: Instant::now() + Duration::from_secs(secs),
-        stats: Stats::default(),
-        violations: Mutex::new(Vec::new()),
+        stats: Stats::new(COUNTERS),
+        violations: Violations::new("stress"),
         reader_corrupt: Mutex::new(Vec::new()),
         killed: Mutex::new(HashSet::new()),
     };
-    let started = Instant::now();
     let stop = AtomicBool::new(false);
     let logs: Vec<WorkerLog> = std::thread::scope(|s| {
         let m = s.spawn(|| monitor(&world, &stop));
         let handles: Vec<_> = (0..WORKERS)
             .map(|id| {
-                let world = &world;
-                s.spawn(move || worker(world, id, seed))
+                let (world, rng) = (&world, seed.rng(n * 1000 + id as u64));
+                s.spawn(move || worker(world, id, rng))
             })
             .collect();
         let logs = handles.into_iter().map(|h| h.join().unwrap()).collect();
@@ -1084,9 +998,13 @@ fn episode(seed: u64, secs: u64, summary: &mut Summary) -> Vec<String> {
     settle(&world);
     // (c) at the end: no lock is corrupt.
     for lock in 0..LOCKS.len() {
-        let v = world.invoke(&lock_args("status", lock), None).out.json;
-        if v["state"] != "free" {
-            world.violation(format!("{} not free at the end: {v}", lock_name(lock)));
+        let ran = world.call(lock, "status", &[], None);
+        if !matches!(ran.reply(), Some(Reply::Status { state, .. }) if state == "free") {
+            world.violation(format!(
+                "{} not free at the end: {}",
+                lock_name(lock),
+                ran.describe()
+            ));
         }
     }
     let (events, _) = read_history(&world);
@@ -1097,29 +1015,14 @@ fn episode(seed: u64, secs: u64, summary: &mut Summary) -> Vec<String> {
     eprintln!("stress: history events by kind: {kinds:?}");
 
     let st = &world.stats;
-    summary.episodes += 1;
-    summary.secs += started.elapsed().as_secs_f64();
-    summary.operations += get(&st.operations);
-    summary.processes += get(&st.processes);
-    summary.kill_attempts += get(&st.kill_attempts);
-    summary.kills += get(&st.kills);
-    summary.acquired += get(&st.acquired);
-    summary.already_running += get(&st.already_running);
-    summary.takeovers += get(&st.takeovers);
-    summary.renewed += get(&st.renewed);
-    summary.renewed_expired += get(&st.renewed_expired);
-    summary.released += get(&st.released);
-    summary.released_tokenless += get(&st.released_tokenless);
-    summary.checks_held += get(&st.checks_held);
-    summary.checks_expired += get(&st.checks_expired);
-    summary.lost += get(&st.lost);
-    summary.abandoned += get(&st.abandoned);
-    summary.sections += logs.iter().map(|l| l.sections.len() as u64).sum::<u64>();
-    summary.excused_overlaps += excused;
-    summary.history_events += events.len() as u64;
-    summary.reader_corrupt += get(&st.reader_corrupt);
-
-    let mut violations = world.violations.into_inner().unwrap();
+    st.bump("episodes");
+    st.add(
+        "sections",
+        logs.iter().map(|l| l.sections.len() as u64).sum(),
+    );
+    st.add("excused_overlaps", excused);
+    st.add("history_events", events.len() as u64);
+    let mut violations = world.violations.take();
     let corrupt = world.reader_corrupt.into_inner().unwrap();
     for c in corrupt.iter().take(5) {
         eprintln!("stress: a reader saw corrupt (cf. BUG-1 in docs/stress.md): {c}");
@@ -1131,16 +1034,23 @@ fn episode(seed: u64, secs: u64, summary: &mut Summary) -> Vec<String> {
                 .map(|c| format!("reader saw corrupt: {c}")),
         );
     }
-    summary.violations += violations.len() as u64;
+    st.add("violations", violations.len() as u64);
+    summary.merge(st);
     violations
 }
 
 fn stress(total_secs: u64, episode_secs: u64) {
-    let seed = seed_from_env_or_clock();
-    eprintln!(
-        "stress: seed={seed} (replay the mix with STRESS_SEED={seed}), {WORKERS} workers, {total_secs} s"
-    );
-    let mut summary = Summary::default();
+    let seed = Seed::from_env("stress", "STRESS_SEED");
+    eprintln!("stress: {WORKERS} workers, {total_secs} s");
+    let summary = Stats::new(COUNTERS);
+    let line = |start: Instant| {
+        format!(
+            "stress summary: seed={} secs={:.0} workers={WORKERS} {}",
+            seed.value,
+            start.elapsed().as_secs_f64(),
+            summary.line()
+        )
+    };
     let mut all = Vec::new();
     let start = Instant::now();
     let mut n = 0;
@@ -1150,24 +1060,19 @@ fn stress(total_secs: u64, episode_secs: u64) {
             break;
         }
         let secs = left.clamp(5, episode_secs.max(5));
-        let v = episode(seed.wrapping_add(n), secs, &mut summary);
-        eprintln!("stress: episode {n} ({secs} s): {}", summary.line(seed));
+        let v = episode(&seed, n, secs, &summary);
+        eprintln!("stress: episode {n} ({secs} s): {}", line(start));
         all.extend(v);
         n += 1;
         if !all.is_empty() {
             break;
         }
     }
-    eprintln!("{}", summary.line(seed));
-    println!("{}", summary.line(seed));
+    eprintln!("{}", line(start));
+    println!("{}", line(start));
+    chaos::assert_none(&all, 20, seed.value, "stress");
     assert!(
-        all.is_empty(),
-        "{} violations (seed {seed}); first ones:\n{}",
-        all.len(),
-        all.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
-    );
-    assert!(
-        summary.acquired > 0 && summary.sections > 0,
+        summary.count("acquired") > 0 && summary.count("sections") > 0,
         "no work was done"
     );
 }
@@ -1203,50 +1108,52 @@ fn unshare_pid_args() -> Option<Vec<&'static str>> {
     ]
     .into_iter()
     .find(|args| {
-        std::process::Command::new("unshare")
+        Command::new("unshare")
             .args(args)
             .arg("true")
-            .stderr(Stdio::null())
+            .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     })
 }
 
-#[derive(Default)]
-struct NsStats {
-    operations: AtomicU64,
-    kills: AtomicU64,
-    acquired_inside: AtomicU64,
-    acquired_outside: AtomicU64,
-    took_over_expired: AtomicU64,
-    took_over_owner_dead: AtomicU64,
-    took_over_corrupt: AtomicU64,
-}
+const NS_COUNTERS: &[&str] = &[
+    "operations",
+    "kills",
+    "acquired_inside",
+    "acquired_outside",
+    "took_over_expired",
+    "took_over_owner_dead",
+    "took_over_corrupt",
+];
 
 fn ns_inode_of_self() -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self/ns/pid").unwrap().ino()
 }
 
-/// Checks one `acquired` result against the record it replaced. `judge_ns`
+/// Checks one `acquired` reply against the record it replaced. `judge_ns`
 /// is the pid namespace the acquirer ran in (None: a fresh inner one);
 /// `returned_ms` the boot clock when its process had ended (after the decision).
 fn ns_verdict(
-    v: &Value,
+    v: &Reply,
     judge_ns: Option<u64>,
     outside_ns: u64,
     returned_ms: u64,
-    stats: &NsStats,
+    stats: &Stats,
 ) -> Option<String> {
-    let took = &v["took_over"];
-    if took.is_null() {
+    let Reply::Acquired {
+        took_over: Some(took),
+        ..
+    } = v
+    else {
         return None;
-    }
-    let prev = &took["holder"];
-    match took["reason"].as_str() {
-        Some("owner_dead") => {
-            bump(&stats.took_over_owner_dead);
-            let theirs = prev["pid_ns"].as_u64();
+    };
+    let prev = took.holder.as_ref();
+    match took.reason.as_str() {
+        "owner_dead" => {
+            stats.bump("took_over_owner_dead");
+            let theirs = prev.and_then(|h| h.pid_ns);
             // An outside judge may judge only outside records. An inside
             // judge never judges an outside record; it may find an earlier
             // inside record "in its namespace" only because a dead
@@ -1258,26 +1165,113 @@ fn ns_verdict(
             };
             (!ok).then(|| {
                 format!(
-                    "owner_dead judged across pid namespaces ({theirs:?} from {judge_ns:?}): {v}"
+                    "owner_dead judged across pid namespaces ({theirs:?} from {judge_ns:?}): {v:?}"
                 )
             })
         }
-        Some("expired") => {
-            bump(&stats.took_over_expired);
-            let end = prev["deadline_boot_ms"].as_u64()?;
+        "expired" => {
+            stats.bump("took_over_expired");
+            let end = prev?.deadline_boot_ms?;
             (returned_ms < end).then(|| {
                 format!(
-                    "taken over {} ms before the lease ended: {v}",
+                    "taken over {} ms before the lease ended: {v:?}",
                     end - returned_ms
                 )
             })
         }
-        Some("corrupt") => {
-            bump(&stats.took_over_corrupt);
-            Some(format!("a healthy record was judged corrupt: {v}"))
+        "corrupt" => {
+            stats.bump("took_over_corrupt");
+            Some(format!("a healthy record was judged corrupt: {v:?}"))
         }
-        other => Some(format!("unknown takeover reason {other:?}: {v}")),
+        other => Some(format!("unknown takeover reason {other:?}: {v:?}")),
     }
+}
+
+/// Holders inside fresh pid namespaces, killed at random moments.
+fn ns_inside(repo: &std::path::Path, unshare: &[&str], mut rng: Rng, w: &NsWorld) {
+    let bin = common::BIN;
+    while !w.stop.load(Ordering::Relaxed) {
+        let ttl = rng.range(1, 2);
+        let script = format!(
+            "{bin} acquire stress --repo o/ns --ttl {ttl} --owner-pid $$ --wait 3; sleep 5"
+        );
+        // --kill-child: SIGKILL of unshare ends the whole namespace.
+        let mut cmd = Command::new("unshare");
+        cmd.args(unshare)
+            .arg("--kill-child")
+            .args(["sh", "-c", &script])
+            .current_dir(repo);
+        let how = Invoke {
+            kill_after: Some(Duration::from_millis(rng.range(500, 4499))),
+            ..Invoke::default()
+        };
+        let ran = chaos::invoke(cmd, how);
+        w.stats.bump("operations");
+        if ran.killed {
+            w.stats.bump("kills");
+        }
+        let returned_ms = boot_ns() / 1_000_000;
+        std::thread::sleep(Duration::from_millis(rng.below(1500)));
+        let first = ran.out.stdout.lines().next().unwrap_or("");
+        let Ok(v) = serde_json::from_str::<Reply>(first) else {
+            continue;
+        };
+        if let Reply::Acquired { owner_pid, .. } = &v {
+            w.stats.bump("acquired_inside");
+            if *owner_pid != Some(1) {
+                w.violations.add(format!("not pid 1: {v:?}"));
+            }
+            if let Some(bad) = ns_verdict(&v, None, w.outside_ns, returned_ms, &w.stats) {
+                w.violations.add(bad);
+            }
+        }
+    }
+}
+
+/// Outside workers: some name a short-lived owner pid.
+fn ns_outside(repo: &std::path::Path, mut rng: Rng, w: &NsWorld) {
+    let lock = Lock::new(repo, "stress", "o/ns");
+    while !w.stop.load(Ordering::Relaxed) {
+        let mut owner = rng.chance(50).then(|| {
+            Command::new("sleep")
+                .arg(format!("0.{}", rng.range(1, 9)))
+                .spawn()
+                .unwrap()
+        });
+        let pid = owner.as_ref().map(|o| o.id().to_string());
+        let mut args = vec!["--ttl", "1"];
+        args.extend(pid.iter().flat_map(|p| ["--owner-pid", p.as_str()]));
+        let ran = chaos::invoke(lock.cmd("acquire", &args).command(), Invoke::default());
+        let returned_ms = boot_ns() / 1_000_000;
+        w.stats.bump("operations");
+        match ran.reply() {
+            Some(v @ Reply::Acquired { .. }) => {
+                w.stats.bump("acquired_outside");
+                let judge = Some(w.outside_ns);
+                if let Some(bad) = ns_verdict(&v, judge, w.outside_ns, returned_ms, &w.stats) {
+                    w.violations.add(bad);
+                }
+                std::thread::sleep(Duration::from_millis(rng.below(300)));
+                if rng.chance(50) {
+                    lock.cmd("release", &["--token", v.token()]).run();
+                    w.stats.bump("operations");
+                }
+            }
+            _ if ran.out.code != 3 => w.violations.add(format!("unexpected: {}", ran.describe())),
+            _ => std::thread::sleep(Duration::from_millis(rng.range(50, 349))),
+        }
+        if let Some(o) = owner.as_mut() {
+            let _ = o.wait();
+        }
+    }
+}
+
+/// What the pid-namespace scenario's threads share.
+struct NsWorld {
+    outside_ns: u64,
+    stats: Stats,
+    violations: Violations,
+    stop: AtomicBool,
 }
 
 fn pid_namespace_scenario(secs: u64) {
@@ -1285,149 +1279,46 @@ fn pid_namespace_scenario(secs: u64) {
         eprintln!("SKIPPED: stress pid-namespace scenario: unshare --pid is not allowed here");
         return;
     };
-    let seed = seed_from_env_or_clock();
-    eprintln!("stress-ns: seed={seed}, {secs} s");
+    let seed = Seed::from_env("stress-ns", "STRESS_SEED");
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let outside_ns = ns_inode_of_self();
-    let stats = NsStats::default();
-    let violations = Mutex::new(Vec::<String>::new());
-    let stop = AtomicBool::new(false);
-    let bin = common::BIN;
+    let w = NsWorld {
+        outside_ns: ns_inode_of_self(),
+        stats: Stats::new(NS_COUNTERS),
+        violations: Violations::new("stress-ns"),
+        stop: AtomicBool::new(false),
+    };
     std::thread::scope(|s| {
-        // Holders inside fresh pid namespaces, killed at random moments.
-        for t in 0..1u64 {
-            let (stats, violations, stop, unshare, repo) =
-                (&stats, &violations, &stop, &unshare, &repo);
-            s.spawn(move || {
-                let mut rng = Rng::new(seed ^ (t + 1));
-                while !stop.load(Ordering::Relaxed) {
-                    let ttl = 1 + rng.below(2);
-                    let script = format!(
-                        "{bin} acquire stress --repo o/ns --ttl {ttl} --owner-pid $$ --wait 3; sleep 5"
-                    );
-                    // --kill-child: SIGKILL of unshare ends the whole namespace.
-                    let mut child = std::process::Command::new("unshare")
-                        .args(unshare)
-                        .arg("--kill-child")
-                        .args(["sh", "-c", &script])
-                        .current_dir(repo)
-                        .stdout(Stdio::piped())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .unwrap();
-                    bump(&stats.operations);
-                    std::thread::sleep(Duration::from_millis(500 + rng.below(4000)));
-                    if child.kill().is_ok() {
-                        bump(&stats.kills);
-                    }
-                    let out = child.wait_with_output().unwrap();
-                    let returned_ms = boot_ns() / 1_000_000;
-                    std::thread::sleep(Duration::from_millis(rng.below(1500)));
-                    let text = String::from_utf8_lossy(&out.stdout);
-                    let Some(v) = text
-                        .lines()
-                        .next()
-                        .and_then(|l| serde_json::from_str::<Value>(l).ok())
-                    else {
-                        continue;
-                    };
-                    if v["result"] == "acquired" {
-                        bump(&stats.acquired_inside);
-                        if v["owner_pid"] != 1 {
-                            violations.lock().unwrap().push(format!("not pid 1: {v}"));
-                        }
-                        if let Some(bad) = ns_verdict(&v, None, outside_ns, returned_ms, stats) {
-                            violations.lock().unwrap().push(bad);
-                        }
-                    }
-                }
-            });
-        }
-        // Outside workers: some name a short-lived owner pid.
+        let (w, repo, unshare) = (&w, &repo, &unshare);
+        let rng = seed.rng(0);
+        s.spawn(move || ns_inside(repo, unshare, rng, w));
         for t in 0..3u64 {
-            let (stats, violations, stop, repo) = (&stats, &violations, &stop, &repo);
-            s.spawn(move || {
-                let mut rng = Rng::new(seed ^ (t + 100));
-                while !stop.load(Ordering::Relaxed) {
-                    let mut owner = (rng.below(2) == 0).then(|| {
-                        std::process::Command::new("sleep")
-                            .arg(format!("0.{}", 1 + rng.below(9)))
-                            .spawn()
-                            .unwrap()
-                    });
-                    let mut cmd =
-                        Cmd::new(repo).args(["acquire", "stress", "--repo", "o/ns", "--ttl", "1"]);
-                    if let Some(o) = &owner {
-                        cmd = cmd.args(["--owner-pid", &o.id().to_string()]);
-                    }
-                    let out = cmd.run();
-                    let returned_ms = boot_ns() / 1_000_000;
-                    bump(&stats.operations);
-                    if out.json["result"] == "acquired" {
-                        bump(&stats.acquired_outside);
-                        let judge = Some(outside_ns);
-                        if let Some(bad) =
-                            ns_verdict(&out.json, judge, outside_ns, returned_ms, stats)
-                        {
-                            violations.lock().unwrap().push(bad);
-                        }
-                        std::thread::sleep(Duration::from_millis(rng.below(300)));
-                        if rng.below(2) == 0 {
-                            let token = out.json["token"].as_str().unwrap_or_default().to_owned();
-                            Cmd::new(repo)
-                                .args(["release", "stress", "--repo", "o/ns", "--token", &token])
-                                .run();
-                            bump(&stats.operations);
-                        }
-                    } else if out.code != 3 {
-                        violations
-                            .lock()
-                            .unwrap()
-                            .push(format!("unexpected: {} {}", out.stdout, out.stderr));
-                    } else {
-                        std::thread::sleep(Duration::from_millis(50 + rng.below(300)));
-                    }
-                    if let Some(o) = owner.as_mut() {
-                        let _ = o.wait();
-                    }
-                }
-            });
+            let rng = seed.rng(100 + t);
+            s.spawn(move || ns_outside(repo, rng, w));
         }
         // At least `secs`, and on until both sides have acquired (a loaded
         // machine can starve the inside holder for a while), at most 4 x secs.
         let started = Instant::now();
+        let both = || w.stats.count("acquired_inside") > 0 && w.stats.count("acquired_outside") > 0;
         while started.elapsed() < Duration::from_secs(secs)
-            || (get(&stats.acquired_inside) == 0 || get(&stats.acquired_outside) == 0)
-                && started.elapsed() < Duration::from_secs(4 * secs)
+            || !both() && started.elapsed() < Duration::from_secs(4 * secs)
         {
             std::thread::sleep(Duration::from_millis(100));
         }
-        stop.store(true, Ordering::Relaxed);
+        w.stop.store(true, Ordering::Relaxed);
     });
-    let v = violations.into_inner().unwrap();
+    let v = w.violations.take();
     let line = format!(
-        "stress-ns: seed={seed} {secs} s: {} operations, {} namespace SIGKILLs, {} acquired inside, \
-         {} outside, takeovers: {} expired, {} owner_dead, {} corrupt; {} violations",
-        get(&stats.operations),
-        get(&stats.kills),
-        get(&stats.acquired_inside),
-        get(&stats.acquired_outside),
-        get(&stats.took_over_expired),
-        get(&stats.took_over_owner_dead),
-        get(&stats.took_over_corrupt),
+        "stress-ns: seed={} {secs} s: {}; {} violations",
+        seed.value,
+        w.stats.line(),
         v.len()
     );
     eprintln!("{line}");
     println!("{line}");
+    chaos::assert_none(&v, 20, seed.value, "stress-ns");
     assert!(
-        v.is_empty(),
-        "{} violations:\n{}",
-        v.len(),
-        v.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
-    );
-    assert!(
-        get(&stats.acquired_inside) > 0 && get(&stats.acquired_outside) > 0,
+        w.stats.count("acquired_inside") > 0 && w.stats.count("acquired_outside") > 0,
         "the scenario did no work"
     );
 }
@@ -1466,108 +1357,67 @@ const RUN_WORKERS: usize = 12;
 /// Seconds of the `run` mix in the default (short) mode.
 const RUN_SHORT_SECS: u64 = 8;
 
-#[derive(Default)]
-struct RunStats {
-    operations: AtomicU64,
-    kills: AtomicU64,
-    owner_kills: AtomicU64,
-    runs: AtomicU64,
-    ran: AtomicU64,
-    left_behind: AtomicU64,
-    daemons: AtomicU64,
-    group_kills: AtomicU64,
-    lost: AtomicU64,
-    already_running: AtomicU64,
-    acquired: AtomicU64,
-    released: AtomicU64,
-}
+const RUN_COUNTERS: &[&str] = &[
+    "operations",
+    "runs",
+    "ran",
+    "left_behind",
+    "daemons",
+    "lost",
+    "already_running",
+    "kills",
+    "group_kills",
+    "acquired",
+    "owner_kills",
+    "released",
+];
 
 struct RunWorld {
     repo: PathBuf,
     run: PathBuf,
-    witness: PathBuf,
+    witness: Witness,
     deadline: Instant,
-    stats: RunStats,
-    violations: Mutex<Vec<String>>,
+    stats: Stats,
+    violations: Violations,
 }
 
 impl RunWorld {
-    fn violation(&self, what: String) {
-        eprintln!("stress(run): VIOLATION: {what}");
-        self.violations.lock().unwrap().push(what);
+    fn lock(&self, i: usize) -> Lock {
+        let (skill, repo) = RUN_LOCKS[i];
+        Lock::new(&self.repo, skill, repo)
     }
 
-    /// Runs the binary to its end; SIGKILLs it `kill_after_ms` after the start.
-    fn invoke(&self, args: &[String], kill_after_ms: Option<u64>) -> (Out, bool) {
-        self.invoke_as(args, kill_after_ms, false)
-    }
-
-    /// [`Self::invoke`]; with `group`, the binary leads a session and process
-    /// group of its own, and the SIGKILL goes to that whole group.
-    fn invoke_as(&self, args: &[String], kill_after_ms: Option<u64>, group: bool) -> (Out, bool) {
-        use std::os::unix::process::CommandExt;
-        let mut cmd = Cmd::new(&self.repo).args(args).command();
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if group {
-            // SAFETY: only setsid (async-signal-safe) between fork and exec.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
-            }
-        }
-        bump(&self.stats.operations);
-        let child = cmd.spawn().expect("the binary starts");
-        if let Some(ms) = kill_after_ms {
-            std::thread::sleep(Duration::from_millis(ms));
-            let pid = libc::pid_t::try_from(child.id()).unwrap();
-            // SAFETY: the child is not reaped yet, so the pid (and, with
-            // `group`, the group it leads) is still ours.
-            unsafe { libc::kill(if group { -pid } else { pid }, libc::SIGKILL) };
-        }
-        // Its output ends when the last process holding it does: bounded,
-        // so a writer that outlives `run` fails the run instead of hanging it.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        let Ok(output) = rx.recv_timeout(Duration::from_secs(30)) else {
-            self.violation(format!(
-                "{args:?} still holds its output open after 30 s: something outlived it"
-            ));
-            return (
-                Out::from(std::process::Output {
-                    status: std::process::ExitStatus::from_raw(9),
-                    stdout: Vec::new(),
-                    stderr: Vec::new(),
-                }),
-                true,
-            );
+    /// Runs `verb` on lock `i` to its end; SIGKILLs it `kill_after_ms`
+    /// after the start, with `group` its whole process group (it then
+    /// leads a session of its own).
+    fn call(
+        &self,
+        i: usize,
+        verb: &str,
+        extra: &[&str],
+        kill_after_ms: Option<u64>,
+        group: bool,
+    ) -> Ran {
+        self.stats.bump("operations");
+        let how = Invoke {
+            kill_after: kill_after_ms.map(Duration::from_millis),
+            group,
+            ..Invoke::default()
         };
-        let output = output.expect("the binary ends");
-        let killed = output.status.signal() == Some(libc::SIGKILL);
-        if killed {
-            bump(&self.stats.kills);
+        let ran = chaos::invoke(self.lock(i).cmd(verb, extra).command(), how);
+        if ran.outlived {
+            self.violations.add(format!(
+                "{verb} {extra:?} still holds its output open 30 s after it ended: something outlived it"
+            ));
+        }
+        if ran.killed {
+            self.stats.bump("kills");
             if group {
-                bump(&self.stats.group_kills);
+                self.stats.bump("group_kills");
             }
         }
-        (Out::from(output), killed)
+        ran
     }
-}
-
-fn run_lock_args(cmd: &str, lock: usize) -> Vec<String> {
-    let (skill, repo) = RUN_LOCKS[lock];
-    vec![cmd.into(), skill.into(), "--repo".into(), repo.into()]
-}
-
-/// The JSON object on the last line of `run`'s standard error.
-fn run_json(out: &Out) -> Value {
-    let last = out.stderr.lines().last().unwrap_or("");
-    serde_json::from_str(last).unwrap_or(Value::Null)
 }
 
 /// `run` of a shell whose background child writes `<lock> <fence>` every
@@ -1582,114 +1432,98 @@ if [ "$5" = daemon ]; then setsid sh -c "$W" sh "$1" "$2" & else sh -c "$W" sh "
 sleep "$3"
 if [ "$4" = clean ]; then kill $!; wait; fi
 exit 0"#;
-    let lock = rng.below(RUN_LOCKS.len() as u64) as usize;
-    let mut args = run_lock_args("run", lock);
-    args.extend(["--ttl".into(), (1 + rng.below(3)).to_string()]);
+    let lock = rng.index(RUN_LOCKS.len());
+    let ttl = rng.range(1, 3).to_string();
+    let mut args = vec!["--ttl", &ttl];
     if rng.chance(50) {
-        args.extend(["--wait".into(), "2".into()]);
+        args.extend(["--wait", "2"]);
     }
     let secs = format!("0.{:02}", rng.below(40));
     let mode = if rng.chance(50) { "clean" } else { "leave" };
     let how = if rng.chance(33) { "daemon" } else { "child" };
-    let witness = world.witness.to_str().unwrap().to_owned();
-    args.extend(
-        [
-            "--",
-            "sh",
-            "-c",
-            SCRIPT,
-            "sh",
-            &lock.to_string(),
-            &witness,
-            &secs,
-            mode,
-            how,
-        ]
-        .map(String::from),
-    );
+    let witness = world.witness.path().to_str().unwrap();
+    let lock_arg = lock.to_string();
+    let cmd = [
+        "sh", "-c", SCRIPT, "sh", &lock_arg, witness, &secs, mode, how,
+    ];
+    args.push("--");
+    args.extend(cmd);
     let kill = rng.chance(25).then(|| rng.below(1_500));
     let group = kill.is_some() && rng.chance(50);
-    bump(&world.stats.runs);
+    world.stats.bump("runs");
     if how == "daemon" {
-        bump(&world.stats.daemons);
+        world.stats.bump("daemons");
     }
-    let (out, killed) = world.invoke_as(&args, kill, group);
-    if killed {
+    let ran = world.call(lock, "run", &args, kill, group);
+    if ran.killed {
         return;
     }
-    let v = run_json(&out);
-    match (out.code, v["result"].as_str(), v["lost"].as_bool()) {
-        (0, Some("ran"), Some(false)) => {
-            bump(&world.stats.ran);
+    match (ran.out.code, ran.run_reply()) {
+        (0, Some(Reply::Ran { lost: false, .. })) => {
+            world.stats.bump("ran");
             if mode == "leave" {
-                bump(&world.stats.left_behind);
+                world.stats.bump("left_behind");
             }
         }
-        (3, Some("already_running"), _) => bump(&world.stats.already_running),
-        (143 | 137, Some("ran"), Some(true)) => bump(&world.stats.lost),
-        _ => world.violation(format!("run exit {}: {}", out.code, out.stderr.trim_end())),
+        (3, Some(Reply::AlreadyRunning { .. })) => world.stats.bump("already_running"),
+        (143 | 137, Some(Reply::Ran { lost: true, .. })) => world.stats.bump("lost"),
+        _ => world.violations.add(format!("run: {}", ran.describe())),
     }
 }
 
 /// `acquire --owner-pid` of a `sleep` child (sometimes with `--wait`, the
 /// acquire sometimes SIGKILLed), a few witnessed writes, then a token
 /// release or the owner SIGKILLed (the lock is then `owner_dead`).
-fn owner_hold(world: &RunWorld, rng: &mut Rng, witness: &mut std::fs::File) {
-    let mut owner = std::process::Command::new("sleep")
+fn owner_hold(world: &RunWorld, rng: &mut Rng, pen: &mut Pen) {
+    let mut owner = Command::new("sleep")
         .arg("60")
         .spawn()
         .expect("sleep starts");
-    let lock = rng.below(RUN_LOCKS.len() as u64) as usize;
-    let mut args = run_lock_args("acquire", lock);
-    args.extend([
-        "--ttl".into(),
-        "60".into(),
-        "--owner-pid".into(),
-        owner.id().to_string(),
-    ]);
+    let lock = rng.index(RUN_LOCKS.len());
+    let pid = owner.id().to_string();
+    let mut args = vec!["--ttl", "60", "--owner-pid", &pid];
     if rng.chance(50) {
-        args.extend(["--wait".into(), "2".into()]);
+        args.extend(["--wait", "2"]);
     }
-    let (out, killed) = world.invoke(&args, rng.chance(10).then(|| rng.below(15)));
-    let v = &out.json;
-    let fence = (!killed && out.code == 0).then(|| fence_of(v)).flatten();
-    if let (Some(fence), Some(token)) = (fence, v["token"].as_str()) {
-        bump(&world.stats.acquired);
-        for _ in 0..=rng.below(3) {
-            witness
-                .write_all(format!("{lock} {fence}\n").as_bytes())
-                .unwrap();
-            std::thread::sleep(Duration::from_millis(5 + rng.below(40)));
-        }
-        if rng.chance(50) {
-            let mut a = run_lock_args("release", lock);
-            a.extend(["--token".into(), token.into()]);
-            let (out, _) = world.invoke(&a, None);
-            if (out.code, out.json["result"].as_str()) != (0, Some("released")) {
-                world.violation(format!("release of a held lock: {}", out.stdout));
+    let kill = rng.chance(10).then(|| rng.below(15));
+    let ran = world.call(lock, "acquire", &args, kill, false);
+    match (ran.out.code, ran.reply()) {
+        _ if ran.killed => {}
+        (0, Some(Reply::Acquired { fence, token, .. })) => {
+            world.stats.bump("acquired");
+            for _ in 0..=rng.below(3) {
+                pen.raw(&format!("{lock} {fence}\n"));
+                std::thread::sleep(Duration::from_millis(rng.range(5, 44)));
             }
-            bump(&world.stats.released);
+            if rng.chance(50) {
+                let ran = world.call(lock, "release", &["--token", &token], None, false);
+                if !matches!(
+                    (ran.out.code, ran.reply()),
+                    (0, Some(Reply::Released { .. }))
+                ) {
+                    world
+                        .violations
+                        .add(format!("release of a held lock: {}", ran.describe()));
+                }
+                world.stats.bump("released");
+            }
         }
-    } else if !killed && (out.code, v["result"].as_str()) != (3, Some("already_running")) {
-        world.violation(format!("acquire exit {}: {}", out.code, out.stdout));
+        (3, Some(Reply::AlreadyRunning { .. })) => {}
+        _ => world.violations.add(format!("acquire: {}", ran.describe())),
     }
     // The holder writes nothing more: its owner may die now.
     let _ = owner.kill();
     let _ = owner.wait();
-    bump(&world.stats.owner_kills);
+    world.stats.bump("owner_kills");
 }
 
-fn run_worker(world: &RunWorld, id: usize, seed: u64) {
-    let mut rng = Rng::new(seed ^ (id as u64 + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut witness = OpenOptions::new()
-        .append(true)
-        .open(&world.witness)
-        .expect("witness file");
+fn run_worker(world: &RunWorld, mut rng: Rng) {
+    let mut pen = world.witness.pen();
     while Instant::now() < world.deadline {
         if rng.chance(60) {
             run_once(world, &mut rng);
         } else {
-            owner_hold(world, &mut rng, &mut witness);
+            owner_hold(world, &mut rng, &mut pen);
         }
     }
 }
@@ -1697,29 +1531,41 @@ fn run_worker(world: &RunWorld, id: usize, seed: u64) {
 /// Per lock, in write order, fences never go down; returns the number of
 /// witnessed holders (distinct (lock, fence) runs of lines).
 fn run_verify_witness(world: &RunWorld) -> u64 {
-    let text = std::fs::read_to_string(&world.witness).unwrap();
-    let mut top: HashMap<String, u64> = HashMap::new();
-    let mut holders = 0;
-    for (n, line) in text.lines().enumerate() {
+    // Each line is `<lock> <fence>`: its place in the file is its time.
+    let mut marks = Vec::new();
+    for (n, line) in world.witness.lines().iter().enumerate() {
         let Some((lock, fence)) = line
             .split_once(' ')
-            .and_then(|(l, f)| Some((l.to_owned(), f.parse::<u64>().ok()?)))
+            .and_then(|(l, f)| Some((l.parse().ok()?, f.parse().ok()?)))
         else {
-            world.violation(format!("witness line {} unreadable: {line:?}", n + 1));
+            world
+                .violations
+                .add(format!("witness line {} unreadable: {line:?}", n + 1));
             continue;
         };
-        let seen = top.entry(lock.clone()).or_insert(0);
-        if fence < *seen {
-            world.violation(format!(
-                "witness line {}: lock {lock} fence {fence} wrote after fence {seen}: two writers overlapped",
-                n + 1
-            ));
-        } else if fence > *seen {
-            holders += 1;
-            *seen = fence;
-        }
+        let at = n as u64;
+        marks.push(Mark {
+            lock,
+            fence,
+            holder: 0,
+            enter: at,
+            exit: at,
+            believed: Mark::UNCHECKED,
+        });
     }
-    holders
+    for (later, b) in chaos::regressions(&marks) {
+        world.violations.add(format!(
+            "witness line {}: lock {} fence {} wrote after fence {}: two writers overlapped",
+            b.enter + 1,
+            b.lock,
+            b.fence,
+            later.fence
+        ));
+    }
+    let mut holders: Vec<(usize, u64)> = marks.iter().map(|m| (m.lock, m.fence)).collect();
+    holders.sort_unstable();
+    holders.dedup();
+    holders.len() as u64
 }
 
 /// History: per lock, `acquired` fences strictly increase in file order;
@@ -1733,7 +1579,9 @@ fn run_verify_history(world: &RunWorld) -> BTreeMap<String, u64> {
         };
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let Ok(ev) = serde_json::from_str::<Event>(line) else {
-                world.violation(format!("{name}: unreadable line {line:?}"));
+                world
+                    .violations
+                    .add(format!("{name}: unreadable line {line:?}"));
                 continue;
             };
             let lock = format!("{}@{}", ev.skill, ev.repo);
@@ -1742,7 +1590,9 @@ fn run_verify_history(world: &RunWorld) -> BTreeMap<String, u64> {
                     let fence = ev.fence.unwrap_or(0);
                     let prev = last.insert(lock.clone(), fence).unwrap_or(0);
                     if fence <= prev {
-                        world.violation(format!("{lock}: fence {fence} acquired after {prev}"));
+                        world
+                            .violations
+                            .add(format!("{lock}: fence {fence} acquired after {prev}"));
                     }
                 }
                 EventKind::TookOver => {
@@ -1759,93 +1609,65 @@ fn run_verify_history(world: &RunWorld) -> BTreeMap<String, u64> {
 /// grace, and nothing writes to the witness any more.
 fn run_settle(world: &RunWorld) {
     for lock in 0..RUN_LOCKS.len() {
-        let mut args = run_lock_args("acquire", lock);
-        args.extend(["--wait".into(), "10".into(), "--ttl".into(), "5".into()]);
-        let (out, _) = world.invoke(&args, None);
-        if out.code != 0 {
-            world.violation(format!("lock {lock} stuck after the load: {}", out.stdout));
+        let args = ["--wait", "10", "--ttl", "5"];
+        let ran = world.call(lock, "acquire", &args, None, false);
+        let Some(Reply::Acquired { token, .. }) = ran.reply() else {
+            world.violations.add(format!(
+                "lock {lock} stuck after the load: {}",
+                ran.describe()
+            ));
             continue;
-        }
-        let mut a = run_lock_args("release", lock);
-        a.extend([
-            "--token".into(),
-            out.json["token"].as_str().unwrap_or("").into(),
-        ]);
-        world.invoke(&a, None);
+        };
+        world.call(lock, "release", &["--token", &token], None, false);
     }
-    let len = || std::fs::metadata(&world.witness).map_or(0, |m| m.len());
-    let before = len();
+    let before = world.witness.len();
     std::thread::sleep(Duration::from_millis(500));
-    if len() != before {
-        world.violation(
+    if world.witness.len() != before {
+        world.violations.add(
             "the witness still grows after every run ended: a writer outlived its lock".into(),
         );
     }
 }
 
-fn run_episode(seed: u64, secs: u64) -> (String, Vec<String>) {
+fn run_episode(seed: &Seed, secs: u64) -> (String, Vec<String>) {
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
-    let witness = env.path("witness.log");
-    std::fs::File::create(&witness).unwrap();
     let world = RunWorld {
         run: repo.join(".git/apache-magpie/run"),
         repo,
-        witness,
+        witness: Witness::create(env.path("witness.log")),
         deadline: Instant::now() + Duration::from_secs(secs),
-        stats: RunStats::default(),
-        violations: Mutex::new(Vec::new()),
+        stats: Stats::new(RUN_COUNTERS),
+        violations: Violations::new("stress(run)"),
     };
     let started = Instant::now();
     std::thread::scope(|s| {
         for id in 0..RUN_WORKERS {
-            let world = &world;
-            s.spawn(move || run_worker(world, id, seed));
+            let (world, rng) = (&world, seed.rng(id as u64));
+            s.spawn(move || run_worker(world, rng));
         }
     });
     run_settle(&world);
     let holders = run_verify_witness(&world);
     let takeovers = run_verify_history(&world);
-    let st = &world.stats;
-    let violations = world.violations.into_inner().unwrap();
+    let violations = world.violations.take();
     let line = format!(
-        "stress(run) summary: seed={seed} secs={:.0} workers={RUN_WORKERS} operations={} runs={} \
-         ran={} (left a writer behind {}) daemons={} lost={} already_running={} sigkills={} (of the whole group {}) \
-         owner_pid_acquired={} owner_kills={} released={} witnessed_holders={holders} takeovers={takeovers:?} violations={}",
+        "stress(run) summary: seed={} secs={:.0} workers={RUN_WORKERS} {} \
+         witnessed_holders={holders} takeovers={takeovers:?} violations={}",
+        seed.value,
         started.elapsed().as_secs_f64(),
-        get(&st.operations),
-        get(&st.runs),
-        get(&st.ran),
-        get(&st.left_behind),
-        get(&st.daemons),
-        get(&st.lost),
-        get(&st.already_running),
-        get(&st.kills),
-        get(&st.group_kills),
-        get(&st.acquired),
-        get(&st.owner_kills),
-        get(&st.released),
+        world.stats.line(),
         violations.len()
     );
     (line, violations)
 }
 
 fn stress_run(secs: u64) {
-    let seed = seed_from_env_or_clock();
-    let (line, violations) = run_episode(seed, secs);
+    let seed = Seed::from_env("stress(run)", "STRESS_SEED");
+    let (line, violations) = run_episode(&seed, secs);
     eprintln!("{line}");
     println!("{line}");
-    assert!(
-        violations.is_empty(),
-        "{} violations (STRESS_SEED={seed}); first ones:\n{}",
-        violations.len(),
-        violations
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    chaos::assert_none(&violations, 20, seed.value, "stress(run)");
 }
 
 #[test]
