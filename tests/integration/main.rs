@@ -20,6 +20,7 @@ use harness as common;
 
 mod cli;
 mod conformance;
+mod corpus;
 mod docs;
 mod edges;
 mod edges27;
