@@ -45,6 +45,7 @@ mod races;
 mod run_edges;
 mod run_tree;
 mod sandbox_pidns;
+mod shape;
 mod store_contract;
 mod stress;
 mod verbs;
