@@ -21,6 +21,7 @@ use harness as common;
 
 mod cli;
 mod conformance;
+mod corpus;
 mod docs;
 mod edges;
 mod edges27;
@@ -45,6 +46,7 @@ mod races;
 mod run_edges;
 mod run_tree;
 mod sandbox_pidns;
+mod shape;
 mod store_contract;
 mod stress;
 mod verbs;
