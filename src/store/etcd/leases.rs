@@ -11,8 +11,8 @@ use super::history::trim_history;
 use super::proto::TxnRequest;
 use super::read::View;
 use crate::lease::Now;
-use crate::record::{OwnerRecord, Timestamp};
-use crate::store::{Change, Written};
+use crate::record::{Holder, Timestamp};
+use crate::store::Written;
 
 /// The lease end of a key whose lease has `ttl` whole seconds left as the
 /// cluster counts them (-1: the lease is gone) of the `granted` it was given,
@@ -117,17 +117,16 @@ pub(super) async fn grant(c: &mut Client, ttl: u64) -> Result<Granted, CallError
 
 impl Granted {
     /// The record says the lease it is on: the ttl granted and its earliest end.
-    fn stamp(&self, rec: &mut OwnerRecord) {
-        rec.holder.ttl = self.ttl;
-        rec.holder.expires = self.expires;
-        rec.holder.deadline_boot_ms = None;
+    fn stamp<F>(&self, holder: &mut Holder<F>) {
+        holder.ttl = self.ttl;
+        holder.expires = self.expires;
+        holder.deadline_boot_ms = None;
     }
 }
 
-/// The lease a change's record is written on, and the record stamped with it.
+/// The lease a change's record is written on.
 pub(super) struct Leased {
     pub(super) id: i64,
-    pub(super) record: OwnerRecord,
     /// An acquisition on the short lease: the ttl it asked for.
     pub(super) extend: Option<u64>,
     /// The `expires` its events say: the lease asked for, from the grant's start.
@@ -147,24 +146,20 @@ impl EtcdStore {
         short_ttl(self.config.timeout)
     }
 
-    /// Grants the lease a change that writes a record is written on: a new
-    /// acquisition longer than the short lease is written on the short
-    /// lease first (see `short_ttl`). `None` for a change that writes none.
-    pub(super) async fn lease_for(
+    /// Grants the lease a record is written on, and stamps `holder` with
+    /// it: a new acquisition (`acquisition`) longer than the short lease is
+    /// written on the short lease first (see `short_ttl`).
+    pub(super) async fn lease_for<F>(
         &self,
         c: &mut Client,
-        change: &Change,
-    ) -> Result<Option<Leased>, CallError> {
-        let (mut record, acquisition) = match change {
-            Change::Create(r) | Change::Takeover(r) => (r.clone(), true),
-            Change::Rewrite(r) => (r.clone(), false),
-            Change::Keep | Change::Delete => return Ok(None),
-        };
-        let wanted = record.holder.ttl;
+        holder: &mut Holder<F>,
+        acquisition: bool,
+    ) -> Result<Leased, CallError> {
+        let wanted = holder.ttl;
         let short = self.short_ttl();
         let extend = (acquisition && wanted > short).then_some(wanted);
         let granted = grant(c, extend.map_or(wanted, |_| short)).await?;
-        granted.stamp(&mut record);
+        granted.stamp(holder);
         let more = extend.map_or(0, |w| w.saturating_sub(granted.ttl));
         let shown = Timestamp(
             granted
@@ -172,33 +167,29 @@ impl EtcdStore {
                 .0
                 .saturating_add(i64::try_from(more).unwrap_or(0)),
         );
-        if acquisition {
-            record.holder.fence = 0; // the fence is the key's mod_revision
-        }
-        Ok(Some(Leased {
+        Ok(Leased {
             id: granted.id,
-            record,
             extend,
             shown,
-        }))
+        })
     }
 
     /// Moves an acquisition from its short lease onto a lease of its full
     /// ttl: one transaction guarded by the revision the acquisition wrote,
-    /// so it never touches a lock that changed since. The record as it is
-    /// then, or `None` when it stays on the short lease (the guard failed,
-    /// or the answer was lost: the holder is told the short lease, which it
+    /// so it never touches a lock that changed since. What it wrote then,
+    /// or `None` when it stays on the short lease (the guard failed, or the
+    /// answer was lost: the holder is told the short lease, which it
     /// certainly has).
     pub(super) async fn extend(
         &self,
         c: &mut Client,
         k: &str,
-        rec: &OwnerRecord,
+        written: &Written,
         ext: &Extension,
     ) -> Option<Written> {
         let full = grant(c, ext.ttl).await.ok()?;
-        let mut new = rec.clone();
-        full.stamp(&mut new);
+        let mut new = written.record.clone();
+        full.stamp(&mut new.holder);
         let Ok(bytes) = new.to_bytes() else {
             let _ = c.lease_revoke(full.id).await;
             return None;
@@ -211,7 +202,10 @@ impl EtcdStore {
         match c.txn(txn).await {
             Ok(resp) if resp.succeeded => {
                 let _ = c.lease_revoke(ext.lease).await;
-                Some(Written::as_given(new))
+                Some(Written {
+                    record: new,
+                    prior_fence: written.prior_fence,
+                })
             }
             Ok(_) => {
                 let _ = c.lease_revoke(full.id).await;

@@ -56,7 +56,7 @@ use round::read_marker;
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::LockKey;
-use crate::store::{Committed, Current, Decision, Listed, Store};
+use crate::store::{Committed, Current, Decision, Listed, Location, Store};
 
 /// Default time within which a command must get an answer.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -122,8 +122,8 @@ impl Store for EtcdStore {
         self.url.clone()
     }
 
-    fn location(&self, key: &LockKey) -> String {
-        self.lock_key(key)
+    fn location(&self, key: &LockKey) -> Location {
+        Location::at(self.lock_key(key))
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {
@@ -146,11 +146,11 @@ impl Store for EtcdStore {
         Ok(u64::try_from(revision).ok().filter(|f| *f > 0))
     }
 
-    fn update<T>(
+    fn update<K, W>(
         &self,
         key: &LockKey,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
-    ) -> Result<Committed<T>> {
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+    ) -> Result<Committed<K, W>> {
         self.update_key(key, decide)
     }
 

@@ -319,7 +319,13 @@ impl GitStore {
     }
 }
 
-pub(super) fn message(key: &LockKey, change: &str, fence: u64, events: &[Event]) -> Result<String> {
+pub(super) fn message(
+    key: &LockKey,
+    change: CommitKind,
+    fence: u64,
+    events: &[Event],
+) -> Result<String> {
+    let change = change.as_str();
     let mut m = format!("skill-lock: {change} {} (fence {fence})\n\n", key.name());
     for ev in events {
         let line = serde_json::to_string(ev).map_err(|e| Error::Internal(e.to_string()))?;

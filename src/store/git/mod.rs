@@ -66,7 +66,7 @@ use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::{LockKey, is_digest_stem};
 use crate::record::OwnerRecord;
-use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
+use crate::store::{Committed, Current, Decision, Listed, Location, Stamp, Store, Written};
 
 mod chain;
 mod cmd;
@@ -209,12 +209,12 @@ fn recorded_key(current: &Current, stem: &str) -> Option<LockKey> {
 }
 
 /// An attempt whose push outcome was unknown, kept to recognise it later.
-struct Pending<T> {
+struct Pending<K, W> {
     commit: String,
     /// Its state file.
     body: Vec<u8>,
-    value: T,
-    written: Option<Written>,
+    /// What it comes to once it is known to have landed.
+    committed: Committed<K, W>,
 }
 
 impl Store for GitStore {
@@ -222,12 +222,12 @@ impl Store for GitStore {
         redact(&self.config.url)
     }
 
-    fn location(&self, key: &LockKey) -> String {
-        self.lock_ref(key)
-    }
-
-    fn clock_skew(&self) -> Option<u64> {
-        Some(self.config.clock_skew)
+    /// The lock's ref, and the clock-skew allowance every answer reports.
+    fn location(&self, key: &LockKey) -> Location {
+        Location {
+            lock: self.lock_ref(key),
+            clock_skew: Some(self.config.clock_skew),
+        }
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {
@@ -243,17 +243,17 @@ impl Store for GitStore {
         Ok(self.read_seen(key, deadline)?.fence.filter(|f| *f > 0))
     }
 
-    fn update<T>(
+    fn update<K, W>(
         &self,
         key: &LockKey,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
-    ) -> Result<Committed<T>> {
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+    ) -> Result<Committed<K, W>> {
         let start = Instant::now();
         let deadline = start + self.config.timeout;
         // Leave a quarter of the time to settle a push whose outcome is unknown.
         let push_deadline = start + self.config.timeout.mul_f64(0.75);
         let r = self.lock_ref(key);
-        let mut pending: Vec<Pending<T>> = Vec::new();
+        let mut pending: Vec<Pending<K, W>> = Vec::new();
         let mut unknown_why = None;
         // The ref as this host last wrote it: deciding on it and pushing with
         // it as the lease saves the read when nobody changed the lock since
@@ -288,10 +288,7 @@ impl Store for GitStore {
                     if self.contains(tip, &pending[i].commit)? {
                         let p = pending.swap_remove(i);
                         self.remember(&r, Some((&p.commit, &p.body)));
-                        return Ok(Committed {
-                            value: p.value,
-                            written: p.written,
-                        });
+                        return Ok(p.committed);
                     }
                 }
             }
@@ -462,13 +459,13 @@ impl Store for GitStore {
 }
 
 /// What one decide-and-push attempt came to.
-enum Step<T> {
+enum Step<K, W> {
     /// Applied (or nothing to apply).
-    Done(Committed<T>),
+    Done(Committed<K, W>),
     /// Lost a race (or a guess was wrong): read and decide again.
     Again,
     /// The push's outcome is unknown.
-    Unknown(Pending<T>, String),
+    Unknown(Pending<K, W>, String),
 }
 
 impl GitStore {
@@ -483,40 +480,30 @@ impl GitStore {
     /// Decides on `seen` and pushes the change with `seen` as the lease.
     /// `guess`: `seen` was not read from the remote, so a decision to change
     /// nothing proves nothing and a lost race is no news.
-    fn attempt<T>(
+    fn attempt<K, W>(
         &self,
         key: &LockKey,
         r: &str,
         seen: &RefState,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
         push_deadline: Instant,
         guess: bool,
-    ) -> Result<Step<T>> {
-        let decision = decide(&seen.current)?;
-        let Some(next) = next_state(r, seen, &decision)? else {
+    ) -> Result<Step<K, W>> {
+        let next = match next_state(r, seen, decide(&seen.current)?)? {
+            Next::Commit(next) => next,
             // Nothing to write: only a refusal of a held lock records events.
-            return Ok(if guess {
-                Step::Again
-            } else {
-                Step::Done(Committed {
-                    value: decision.value,
-                    written: None,
-                })
-            });
+            Next::Nothing(_) if guess => return Ok(Step::Again),
+            Next::Nothing(outcome) => return Ok(Step::Done(Committed::Done(outcome))),
         };
         let (state, parent, archive) = self.roll(key, seen, next.state);
         let msg = message(key, next.what, state.fence, &next.events)?;
         let body = serde_json::to_vec(&state).map_err(|e| Error::Internal(e.to_string()))?;
         let commit = self.make_commit(&body, parent, &msg)?;
         let archive = archive.as_ref().map(|(old, a)| (old.as_str(), a.as_str()));
-        let written = next
-            .written
-            .map(|r| Written::as_given(r).with_prior(next.prior));
-        let value = decision.value;
         match self.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
             Pushed::Done => {
                 self.remember(r, Some((&commit, &body)));
-                Ok(Step::Done(Committed { value, written }))
+                Ok(Step::Done(next.committed))
             }
             Pushed::Lost => {
                 if guess {
@@ -531,8 +518,7 @@ impl GitStore {
                 Pending {
                     commit,
                     body,
-                    value,
-                    written,
+                    committed: next.committed,
                 },
                 why,
             )),
@@ -569,23 +555,55 @@ impl GitStore {
     }
 }
 
+/// The change a commit makes, as its message names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CommitKind {
+    /// A new acquisition (create or takeover).
+    Acquired,
+    /// A renewal.
+    Renewed,
+    /// A release.
+    Released,
+    /// No change, recorded: a refusal of a held lock.
+    Refused,
+}
+
+impl CommitKind {
+    /// As the commit message says it.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::Renewed => "renewed",
+            Self::Released => "released",
+            Self::Refused => "refused",
+        }
+    }
+}
+
 /// The commit a decision makes on top of a ref's state.
-struct Next {
+struct Commit<K, W> {
     state: StateFile,
-    /// The record written (with its fence), for the outcome.
-    written: Option<OwnerRecord>,
-    /// For an acquisition: the fence it follows, the one in the state it
-    /// replaces (`None`: no acquisition before).
-    prior: Option<u64>,
     /// The history events, fenced.
     events: Vec<Event>,
     /// The change, as the commit message names it.
-    what: &'static str,
+    what: CommitKind,
+    /// What the decision comes to once the commit lands.
+    committed: Committed<K, W>,
 }
 
-/// The state file a decision asks for on top of `seen`, or `None` when
-/// nothing is written (keeping a lock; a refusal of a free or unreadable one).
-fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Option<Next>> {
+/// What a decision asks of a ref.
+// One per attempt, moved once: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Next<K, W> {
+    /// A commit on top of it.
+    Commit(Commit<K, W>),
+    /// Nothing written (keeping a lock; a refusal of a free or unreadable
+    /// one): the outcome.
+    Nothing(K),
+}
+
+/// The commit a decision asks for on top of `seen`, or nothing.
+fn next_state<K, W>(r: &str, seen: &RefState, decision: Decision<K, W>) -> Result<Next<K, W>> {
     let known_fence = || {
         seen.fence.ok_or_else(|| Error::Io {
             action: "read the last fence of",
@@ -599,42 +617,42 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
             )),
         })
     };
-    let held = |rec: OwnerRecord, fence: u64, what| -> Result<Option<Next>> {
-        Ok(Some(Next {
-            state: held_state(&rec, fence, seen.depth, seen.epoch)?,
-            written: (what != "refused").then_some(rec),
-            prior: (what == "acquired")
-                .then_some(seen.fence)
-                .flatten()
-                .filter(|f| *f > 0),
-            events: decision.events(Some(fence)),
-            what,
-        }))
-    };
-    match &decision.change {
-        Change::Keep => match seen.current.record() {
+    let held = |rec: &OwnerRecord| held_state(rec, seen.depth, seen.epoch);
+    Ok(Next::Commit(match decision {
+        Decision::Keep(outcome, events) => match seen.current.record() {
             // Only refusals carry events here; kept when a record is there.
-            Some(rec) if !decision.is_silent() => {
-                let fence = seen.fence.unwrap_or(rec.holder.fence);
-                held(rec.clone(), fence, "refused")
-            }
-            _ => Ok(None),
+            Some(rec) if !events.is_empty() => Commit {
+                state: held(rec)?,
+                events,
+                what: CommitKind::Refused,
+                committed: Committed::Done(outcome),
+            },
+            _ => return Ok(Next::Nothing(outcome)),
         },
-        Change::Create(rec) | Change::Takeover(rec) => {
+        Decision::Acquire(acq) => {
             let fence = known_fence()?
                 .checked_add(1)
                 .ok_or_else(|| Error::Internal("the fence would overflow".into()))?;
-            let mut rec = rec.clone();
-            rec.holder.fence = fence;
-            held(rec, fence, "acquired")
+            let prior = seen.fence.filter(|f| *f > 0);
+            let events = acq.events(&Stamp::fence(fence));
+            let written = Written::acquired(acq.record, fence, prior);
+            Commit {
+                state: held(&written.record)?,
+                events,
+                what: CommitKind::Acquired,
+                committed: Committed::Wrote(acq.then, written),
+            }
         }
-        Change::Rewrite(rec) => {
-            let fence = seen.fence.unwrap_or(rec.holder.fence);
-            let mut rec = rec.clone();
-            rec.holder.fence = fence;
-            held(rec, fence, "renewed")
+        Decision::Renew(renewal) => {
+            let events = renewal.events(&Stamp::fence(renewal.record.holder.fence));
+            Commit {
+                state: held(&renewal.record)?,
+                events,
+                what: CommitKind::Renewed,
+                committed: Committed::Wrote(renewal.then, Written::renewed(renewal.record)),
+            }
         }
-        Change::Delete => Ok(Some(Next {
+        Decision::Delete(outcome, event) => Commit {
             state: StateFile {
                 format: STATE_FORMAT,
                 state: "free".into(),
@@ -643,23 +661,20 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
                 epoch: seen.epoch,
                 record: None,
             },
-            written: None,
-            prior: None,
-            events: decision.events(None),
-            what: "released",
-        })),
-    }
+            events: vec![event],
+            what: CommitKind::Released,
+            committed: Committed::Done(outcome),
+        },
+    }))
 }
 
-fn held_state(rec: &OwnerRecord, fence: u64, depth: u64, epoch: u64) -> Result<StateFile> {
-    let mut rec = rec.clone();
-    rec.holder.fence = fence;
-    let value =
-        serde_json::value::to_raw_value(&rec).map_err(|e| Error::Internal(e.to_string()))?;
+/// The state file of a held lock with `rec` (its fence the lock's).
+fn held_state(rec: &OwnerRecord, depth: u64, epoch: u64) -> Result<StateFile> {
+    let value = serde_json::value::to_raw_value(rec).map_err(|e| Error::Internal(e.to_string()))?;
     Ok(StateFile {
         format: STATE_FORMAT,
         state: "held".into(),
-        fence,
+        fence: rec.holder.fence,
         depth: depth + 1,
         epoch,
         record: Some(value),
