@@ -7,7 +7,7 @@
 //! no value is `null`. Each object knows its [`ExitStatus`], and the
 //! conversions from engine outcomes to objects live here, beside them. The
 //! `list` object is written entry by entry as the store hands the locks over
-//! ([`print_list`]), so its locks are never all in memory; after them come
+//! ([`ListPrinter`]), so its locks are never all in memory; after them come
 //! `tombstones` and, only when an older version's layout still holds some,
 //! `legacy`: the locks found in a working tree's `.apache-magpie-local/`.
 

@@ -17,7 +17,7 @@
 //!   [`Draft::complete`] turns into an [`Event`], from what the store wrote
 //!   ([`Stamp`]); nothing else edits an event the engine made.
 
-use crate::history::{Event, EventKind};
+use crate::history::Event;
 use crate::record::{Holder, NewRecord, OwnerRecord, Timestamp};
 
 /// How far this host may judge a record's owner (SPEC §6 "owner_dead").
@@ -134,12 +134,6 @@ impl Draft {
     #[must_use]
     pub fn new(event: Event) -> Self {
         Self(event)
-    }
-
-    /// What happened.
-    #[must_use]
-    pub fn kind(&self) -> EventKind {
-        self.0.event
     }
 
     /// The event, with what the store wrote.
@@ -298,13 +292,6 @@ impl<K, W> Decision<K, W> {
     /// A decision that changes nothing and records nothing.
     pub fn keep(outcome: K) -> Self {
         Self::Keep(outcome, Vec::new())
-    }
-
-    /// True when it changes nothing and records nothing: a store may answer
-    /// it without taking any guard.
-    #[must_use]
-    pub fn is_idle(&self) -> bool {
-        matches!(self, Self::Keep(_, events) if events.is_empty())
     }
 }
 

@@ -53,9 +53,8 @@ pub fn visit_in_order(
 /// The contract both ways: a store shows the engine what it saw
 /// ([`Current`], a readable lock as a [`Seen`]: the record as stored, its
 /// lease end and whether its owner can be judged here) and never edits a
-/// record to steer a judgement; it applies the decision's change and
-/// returns what it wrote ([`Written`]), from which the engine builds every
-/// outcome.
+/// record to steer a judgement; it applies the [`Decision`] and returns
+/// what it wrote ([`Written`]), from which the engine builds every outcome.
 pub trait Store {
     /// Where the store is, for `list` (a directory, or a URL).
     fn describe(&self) -> String;
@@ -88,8 +87,12 @@ pub trait Store {
     /// I/O or network failure.
     fn last_fence(&self, key: &LockKey) -> Result<Option<u64>>;
 
-    /// Runs `decide` on the current state and applies its change, atomically
-    /// with respect to every other `update` of the same lock.
+    /// Runs `decide` on the current state and applies its decision,
+    /// atomically with respect to every other `update` of the same lock:
+    /// writes the record (assigning a new one its fence) or removes it,
+    /// appends its events (completed from what was written), and returns
+    /// what it came to ([`Committed`]: the outcome, or for a decision that
+    /// wrote a record, its pending part with the [`Written`]).
     ///
     /// # Atomicity
     /// No other update of `key` changes the state between the read that

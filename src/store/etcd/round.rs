@@ -5,14 +5,13 @@
 
 use std::time::Instant;
 
-use super::EtcdStore;
 use super::client::{self, CallFailure, Client};
-use super::connect::{CallError, half_left, unavailable};
-use super::leases::Extension;
+use super::connect::{CallError, Cluster, half_left, unavailable};
+use super::history::history_ops;
+use super::leases::{Extension, clean_up, extend, lease_for};
 use super::proto::TxnRequest;
 use super::read::{KeyState, View, read_key};
 use crate::error::{Error, Result};
-use crate::key::LockKey;
 use crate::record::{NewRecord, OwnerRecord};
 use crate::store::{Acquisition, Committed, Current, Decision, EventFence, Stamp, Written};
 
@@ -207,285 +206,278 @@ pub(super) enum Round<K, W> {
     Again,
 }
 
-impl EtcdStore {
-    /// Runs read-decide-act rounds until one commits, within one deadline
-    /// for the whole command, settling included (SPEC §8).
-    pub(super) fn update_key<K, W>(
-        &self,
-        key: &LockKey,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
-    ) -> Result<Committed<K, W>> {
-        let k = self.lock_key(key);
-        let mk = self.fence_key(key);
-        // One deadline for the whole command, settling included (SPEC §8).
-        let deadline = Instant::now() + self.config.timeout;
-        self.runtime.block_on(async {
-            let mut pending = None;
-            let mut skip = None;
-            loop {
-                let mut c = match self.client(deadline, skip).await {
-                    Ok(c) => c,
-                    Err(e) => return Err(self.abandon(pending, e, deadline).await),
-                };
-                let left = deadline.saturating_duration_since(Instant::now());
-                let round = self.round(&mut c, (&k, &mk), decide, &mut pending, deadline);
-                match tokio::time::timeout(left, round).await {
-                    Ok(Ok(Round::Done(mut committed, old_lease, extension))) => {
-                        // The acquisition is known to have landed: move it
-                        // onto its full ttl, if the deadline allows.
-                        if let (Some(ext), Committed::Wrote(_, w)) = (extension, &mut committed) {
-                            let left = deadline.saturating_duration_since(Instant::now());
-                            let moved =
-                                tokio::time::timeout(left, self.extend(&mut c, &k, w, &ext));
-                            if let Ok(Some(moved)) = moved.await {
-                                *w = moved;
-                            }
+/// Runs read-decide-act rounds until one commits, within one deadline
+/// for the whole command, settling included (SPEC §8).
+pub(super) fn update<K, W>(
+    cluster: &Cluster,
+    (k, mk): (&str, &str),
+    decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+) -> Result<Committed<K, W>> {
+    // One deadline for the whole command, settling included (SPEC §8).
+    let deadline = Instant::now() + cluster.config.timeout;
+    cluster.block_on(async {
+        let mut pending = None;
+        let mut skip = None;
+        loop {
+            let mut c = match cluster.client(deadline, skip).await {
+                Ok(c) => c,
+                Err(e) => return Err(abandon(cluster, pending, e, deadline).await),
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let round = round(cluster, &mut c, (k, mk), decide, &mut pending, deadline);
+            match tokio::time::timeout(left, round).await {
+                Ok(Ok(Round::Done(mut committed, old_lease, extension))) => {
+                    // The acquisition is known to have landed: move it
+                    // onto its full ttl, if the deadline allows.
+                    if let (Some(ext), Committed::Wrote(_, w)) = (extension, &mut committed) {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let moved = tokio::time::timeout(left, extend(&mut c, k, w, &ext));
+                        if let Ok(Some(moved)) = moved.await {
+                            *w = moved;
                         }
-                        self.clean_up(&mut c, old_lease, deadline).await;
-                        return Ok(committed);
                     }
-                    Ok(Ok(Round::Again)) => {}
-                    Ok(Err(CallError::Fatal(e))) => return Err(e),
-                    Ok(Err(CallError::Etcd(e))) if !e.retryable() => {
-                        let e = Error::StoreUnavailable(format!("etcd refused the request: {e}"));
-                        return Err(self.abandon(pending, e, deadline).await);
-                    }
-                    Ok(Err(CallError::Etcd(_))) | Err(_) => {
-                        // Another endpoint next; an answer that was lost is
-                        // read back there before anything is decided again.
-                        skip = self.drop_client();
-                        if Instant::now() >= deadline {
-                            let e = unavailable(format!(
-                                "none of {} answered in time",
-                                self.config.endpoints.join(", ")
-                            ));
-                            return Err(self.abandon(pending, e, deadline).await);
-                        }
+                    clean_up(&mut c, &cluster.config.prefix, old_lease, deadline).await;
+                    return Ok(committed);
+                }
+                Ok(Ok(Round::Again)) => {}
+                Ok(Err(CallError::Fatal(e))) => return Err(e),
+                Ok(Err(CallError::Etcd(e))) if !e.retryable() => {
+                    let e = Error::StoreUnavailable(format!("etcd refused the request: {e}"));
+                    return Err(abandon(cluster, pending, e, deadline).await);
+                }
+                Ok(Err(CallError::Etcd(_))) | Err(_) => {
+                    // Another endpoint next; an answer that was lost is
+                    // read back there before anything is decided again.
+                    skip = cluster.drop_client();
+                    if Instant::now() >= deadline {
+                        let e = unavailable(format!(
+                            "none of {} answered in time",
+                            cluster.config.endpoints.join(", ")
+                        ));
+                        return Err(abandon(cluster, pending, e, deadline).await);
                     }
                 }
             }
-        })
-    }
-
-    /// One read-decide-act round on one connection: settle the change
-    /// whose answer was lost, decide, write. `k` is the lock's key, `mk`
-    /// its fence marker's ([`Marker`]), read only for an acquisition.
-    pub(super) async fn round<K, W>(
-        &self,
-        c: &mut Client,
-        (k, mk): (&str, &str),
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
-        pending: &mut Option<Pending<K, W>>,
-        deadline: Instant,
-    ) -> Result<Round<K, W>, CallError> {
-        let seen = read_key(c, k, View::Decision).await?;
-        if let Some(p) = pending.take() {
-            if p.landed(&seen) {
-                let (committed, extension) = p.committed(seen.mod_revision);
-                return Ok(Round::Done(committed, 0, extension));
-            }
-            // It did not land: its lease can go, so that it never can.
-            if p.lease != 0 {
-                let _ = c.lease_revoke(p.lease).await;
-            }
         }
-        let (txn, attempt) = match decide(&seen.current).map_err(CallError::Fatal)? {
-            Decision::Keep(outcome, events) => {
-                let txn = plan(
-                    k,
-                    seen.mod_revision,
-                    Op::Nothing,
-                    0,
-                    self.history_ops(&events)?,
-                );
-                return self.record_only(c, txn, outcome, deadline).await;
-            }
-            Decision::Delete(outcome, event) => {
-                let history = self.history_ops(&[event])?;
-                let landing = Landing::Delete {
-                    seen_create_revision: seen.create_revision,
-                    outcome,
-                };
-                let txn = plan(k, seen.mod_revision, Op::Delete, 0, history);
-                (txn, Pending { landing, lease: 0 })
-            }
-            Decision::Acquire(acq) => self.acquisition(c, (k, mk), &seen, acq).await?,
-            Decision::Renew(renewal) => {
-                let mut record = renewal.record.clone();
-                let leased = self.lease_for(c, &mut record.holder, false).await?;
-                let stamp = Stamp {
-                    fence: EventFence::Known(record.holder.fence),
-                    lease_end: Some(leased.shown),
-                };
-                let history = self.history_ops(&renewal.events(&stamp))?;
-                let bytes = record.to_bytes().map_err(CallError::Fatal)?;
-                let txn = plan(
-                    k,
-                    seen.mod_revision,
-                    Op::Rewrite(&bytes),
-                    leased.id,
-                    history,
-                );
-                let landing = Landing::Rewrite {
-                    record,
-                    bytes,
-                    then: renewal.then,
-                };
-                (
-                    txn,
-                    Pending {
-                        landing,
-                        lease: leased.id,
-                    },
-                )
-            }
-        };
-        // From here until its answer, the outcome is unknown (the answer may
-        // be lost, or this future dropped at the deadline): settle it first.
-        *pending = Some(attempt);
-        self.commit(c, txn, pending, seen.lease, deadline).await
-    }
+    })
+}
 
-    /// The transaction of a new acquisition on `seen`: on its lease (the
-    /// short one first, see `short_ttl`), with its fence marker. Its record
-    /// is stored with fence 0, which a read takes for the key's revision:
-    /// the fence is the transaction's own revision, known once it commits
-    /// ([`EventFence::AtCommit`]).
-    async fn acquisition<K, W>(
-        &self,
-        c: &mut Client,
-        (k, mk): (&str, &str),
-        seen: &KeyState,
-        acq: Acquisition<W>,
-    ) -> Result<(TxnRequest, Pending<K, W>), CallError> {
-        let mut record = acq.record.clone();
-        let leased = self.lease_for(c, &mut record.holder, true).await?;
-        let stamp = Stamp {
-            fence: EventFence::AtCommit,
-            lease_end: Some(leased.shown),
-        };
-        let history = self.history_ops(&acq.events(&stamp))?;
-        let marker = Marker {
-            key: mk,
-            seen_mod: read_marker(c, mk).await?,
-        };
-        let bytes = record
-            .clone()
-            .fenced(0)
-            .to_bytes()
-            .map_err(CallError::Fatal)?;
-        let op = if acq.takes_over() {
-            Op::Takeover(&bytes, marker)
-        } else {
-            Op::Create(&bytes, marker)
-        };
-        let txn = plan(k, seen.mod_revision, op, leased.id, history);
-        let landing = Landing::Acquisition {
-            record,
-            prior: prior_fence(marker.seen_mod, seen),
-            extend: leased.extend,
-            then: acq.then,
-        };
-        Ok((
-            txn,
-            Pending {
-                landing,
-                lease: leased.id,
-            },
-        ))
-    }
-
-    /// Sends the transaction of `pending` and reads its answer.
-    pub(super) async fn commit<K, W>(
-        &self,
-        c: &mut Client,
-        txn: TxnRequest,
-        pending: &mut Option<Pending<K, W>>,
-        old_lease: i64,
-        deadline: Instant,
-    ) -> Result<Round<K, W>, CallError> {
-        let resp = tokio::time::timeout(half_left(deadline), c.txn(txn))
-            .await
-            .map_err(|_| {
-                CallError::Etcd(CallFailure::Status(tonic::Status::deadline_exceeded(
-                    "the transaction's answer did not come in time",
-                )))
-            })??;
-        let Some(attempt) = pending.take() else {
-            return Err(CallError::Fatal(Error::Internal(
-                "a transaction's attempt went missing".into(),
-            )));
-        };
-        if !resp.succeeded {
-            if attempt.lease != 0 {
-                let _ = c.lease_revoke(attempt.lease).await;
-            }
-            return Ok(Round::Again);
+/// One read-decide-act round on one connection: settle the change
+/// whose answer was lost, decide, write. `k` is the lock's key, `mk`
+/// its fence marker's ([`Marker`]), read only for an acquisition.
+pub(super) async fn round<K, W>(
+    cluster: &Cluster,
+    c: &mut Client,
+    (k, mk): (&str, &str),
+    decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+    pending: &mut Option<Pending<K, W>>,
+    deadline: Instant,
+) -> Result<Round<K, W>, CallError> {
+    let seen = read_key(c, k, View::Decision).await?;
+    if let Some(p) = pending.take() {
+        if p.landed(&seen) {
+            let (committed, extension) = p.committed(seen.mod_revision);
+            return Ok(Round::Done(committed, 0, extension));
         }
-        let revision = resp.header.map_or(0, |h| h.revision);
-        let (committed, extension) = attempt.committed(revision);
-        Ok(Round::Done(committed, old_lease, extension))
-    }
-
-    /// Nothing changes, but the decision may record events (a refusal):
-    /// appended under the same guard; a failure to append never fails the
-    /// operation itself (SPEC §2.8).
-    pub(super) async fn record_only<K, W>(
-        &self,
-        c: &mut Client,
-        txn: TxnRequest,
-        outcome: K,
-        deadline: Instant,
-    ) -> Result<Round<K, W>, CallError> {
-        if !txn.success.is_empty() {
-            match tokio::time::timeout(half_left(deadline), c.txn(txn)).await {
-                Ok(Ok(resp)) if !resp.succeeded => return Ok(Round::Again),
-                _ => {}
-            }
+        // It did not land: its lease can go, so that it never can.
+        if p.lease != 0 {
+            let _ = c.lease_revoke(p.lease).await;
         }
-        Ok(Round::Done(Committed::Done(outcome), 0, None))
     }
-
-    /// The cluster stopped answering with an acquisition's outcome unknown:
-    /// revoke its lease on any member that answers before the deadline, so
-    /// that a lock whose token was never printed is gone at once. When none
-    /// does, the acquisition was written on the short lease (`short_ttl`),
-    /// so such a lock frees itself within the command's time bound.
-    pub(super) async fn abandon<K, W>(
-        &self,
-        pending: Option<Pending<K, W>>,
-        err: Error,
-        deadline: Instant,
-    ) -> Error {
-        let Some(p) = pending else { return err };
-        let Some((lease, ttl)) = p.acquisition_lease() else {
-            return Error::StoreUnavailable(format!(
-                "{err}; the outcome of this change is unknown: run `status` to see the lock"
-            ));
-        };
-        for ep in &self.config.endpoints {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let budget = left.min(self.connect_budget());
-            let attempt = async {
-                let Ok(mut c) = self.connect_within(ep, budget, budget).await else {
-                    return Ok(false);
-                };
-                c.lease_revoke(lease).await.map(|()| true)
+    let (txn, attempt) = match decide(&seen.current).map_err(CallError::Fatal)? {
+        Decision::Keep(outcome, events) => {
+            let txn = plan(
+                k,
+                seen.mod_revision,
+                Op::Nothing,
+                0,
+                history_ops(&cluster.config.prefix, &events)?,
+            );
+            return record_only(c, txn, outcome, deadline).await;
+        }
+        Decision::Delete(outcome, event) => {
+            let history = history_ops(&cluster.config.prefix, &[event])?;
+            let landing = Landing::Delete {
+                seen_create_revision: seen.create_revision,
+                outcome,
             };
-            if let Ok(Ok::<_, CallFailure>(true)) = tokio::time::timeout(budget, attempt).await {
-                return Error::StoreUnavailable(format!(
-                    "{err}; nothing was taken (the attempt's lease was revoked)"
-                ));
-            }
+            let txn = plan(k, seen.mod_revision, Op::Delete, 0, history);
+            (txn, Pending { landing, lease: 0 })
         }
-        Error::StoreUnavailable(format!(
-            "{err}; the outcome is unknown: if the lock was taken, nobody holds its token and it \
-             frees itself when its lease of {ttl}s ends (it was written on a short lease)"
-        ))
+        Decision::Acquire(acq) => acquisition(cluster, c, (k, mk), &seen, acq).await?,
+        Decision::Renew(renewal) => {
+            let mut record = renewal.record.clone();
+            let leased = lease_for(cluster, c, &mut record.holder, false).await?;
+            let stamp = Stamp {
+                fence: EventFence::Known(record.holder.fence),
+                lease_end: Some(leased.shown),
+            };
+            let history = history_ops(&cluster.config.prefix, &renewal.events(&stamp))?;
+            let bytes = record.to_bytes().map_err(CallError::Fatal)?;
+            let txn = plan(
+                k,
+                seen.mod_revision,
+                Op::Rewrite(&bytes),
+                leased.id,
+                history,
+            );
+            let landing = Landing::Rewrite {
+                record,
+                bytes,
+                then: renewal.then,
+            };
+            (
+                txn,
+                Pending {
+                    landing,
+                    lease: leased.id,
+                },
+            )
+        }
+    };
+    // From here until its answer, the outcome is unknown (the answer may
+    // be lost, or this future dropped at the deadline): settle it first.
+    *pending = Some(attempt);
+    commit(c, txn, pending, seen.lease, deadline).await
+}
+
+/// The transaction of a new acquisition on `seen`: on its lease (the
+/// short one first, see `short_ttl`), with its fence marker. Its record
+/// is stored with fence 0, which a read takes for the key's revision:
+/// the fence is the transaction's own revision, known once it commits
+/// ([`EventFence::AtCommit`]).
+async fn acquisition<K, W>(
+    cluster: &Cluster,
+    c: &mut Client,
+    (k, mk): (&str, &str),
+    seen: &KeyState,
+    acq: Acquisition<W>,
+) -> Result<(TxnRequest, Pending<K, W>), CallError> {
+    let mut record = acq.record.clone();
+    let leased = lease_for(cluster, c, &mut record.holder, true).await?;
+    let stamp = Stamp {
+        fence: EventFence::AtCommit,
+        lease_end: Some(leased.shown),
+    };
+    let history = history_ops(&cluster.config.prefix, &acq.events(&stamp))?;
+    let marker = Marker {
+        key: mk,
+        seen_mod: read_marker(c, mk).await?,
+    };
+    let bytes = record
+        .clone()
+        .fenced(0)
+        .to_bytes()
+        .map_err(CallError::Fatal)?;
+    let op = if acq.takes_over() {
+        Op::Takeover(&bytes, marker)
+    } else {
+        Op::Create(&bytes, marker)
+    };
+    let txn = plan(k, seen.mod_revision, op, leased.id, history);
+    let landing = Landing::Acquisition {
+        record,
+        prior: prior_fence(marker.seen_mod, seen),
+        extend: leased.extend,
+        then: acq.then,
+    };
+    Ok((
+        txn,
+        Pending {
+            landing,
+            lease: leased.id,
+        },
+    ))
+}
+
+/// Sends the transaction of `pending` and reads its answer.
+pub(super) async fn commit<K, W>(
+    c: &mut Client,
+    txn: TxnRequest,
+    pending: &mut Option<Pending<K, W>>,
+    old_lease: i64,
+    deadline: Instant,
+) -> Result<Round<K, W>, CallError> {
+    let resp = tokio::time::timeout(half_left(deadline), c.txn(txn))
+        .await
+        .map_err(|_| {
+            CallError::Etcd(CallFailure::Status(tonic::Status::deadline_exceeded(
+                "the transaction's answer did not come in time",
+            )))
+        })??;
+    let Some(attempt) = pending.take() else {
+        return Err(CallError::Fatal(Error::Internal(
+            "a transaction's attempt went missing".into(),
+        )));
+    };
+    if !resp.succeeded {
+        if attempt.lease != 0 {
+            let _ = c.lease_revoke(attempt.lease).await;
+        }
+        return Ok(Round::Again);
     }
+    let revision = resp.header.map_or(0, |h| h.revision);
+    let (committed, extension) = attempt.committed(revision);
+    Ok(Round::Done(committed, old_lease, extension))
+}
+
+/// Nothing changes, but the decision may record events (a refusal):
+/// appended under the same guard; a failure to append never fails the
+/// operation itself (SPEC §2.8).
+pub(super) async fn record_only<K, W>(
+    c: &mut Client,
+    txn: TxnRequest,
+    outcome: K,
+    deadline: Instant,
+) -> Result<Round<K, W>, CallError> {
+    if !txn.success.is_empty() {
+        match tokio::time::timeout(half_left(deadline), c.txn(txn)).await {
+            Ok(Ok(resp)) if !resp.succeeded => return Ok(Round::Again),
+            _ => {}
+        }
+    }
+    Ok(Round::Done(Committed::Done(outcome), 0, None))
+}
+
+/// The cluster stopped answering with an acquisition's outcome unknown:
+/// revoke its lease on any member that answers before the deadline, so
+/// that a lock whose token was never printed is gone at once. When none
+/// does, the acquisition was written on the short lease (`short_ttl`),
+/// so such a lock frees itself within the command's time bound.
+pub(super) async fn abandon<K, W>(
+    cluster: &Cluster,
+    pending: Option<Pending<K, W>>,
+    err: Error,
+    deadline: Instant,
+) -> Error {
+    let Some(p) = pending else { return err };
+    let Some((lease, ttl)) = p.acquisition_lease() else {
+        return Error::StoreUnavailable(format!(
+            "{err}; the outcome of this change is unknown: run `status` to see the lock"
+        ));
+    };
+    for ep in &cluster.config.endpoints {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let budget = left.min(cluster.connect_budget());
+        let attempt = async {
+            let Ok(mut c) = cluster.connect_within(ep, budget, budget).await else {
+                return Ok(false);
+            };
+            c.lease_revoke(lease).await.map(|()| true)
+        };
+        if let Ok(Ok::<_, CallFailure>(true)) = tokio::time::timeout(budget, attempt).await {
+            return Error::StoreUnavailable(format!(
+                "{err}; nothing was taken (the attempt's lease was revoked)"
+            ));
+        }
+    }
+    Error::StoreUnavailable(format!(
+        "{err}; the outcome is unknown: if the lock was taken, nobody holds its token and it \
+             frees itself when its lease of {ttl}s ends (it was written on a short lease)"
+    ))
 }
 
 #[cfg(test)]
