@@ -77,7 +77,7 @@ impl EtcdStore {
     /// client runtime; connects lazily, on the first operation.
     ///
     /// # Errors
-    /// [`Error::Io`] for an unreadable TLS file; [`Error::Internal`] when no
+    /// [`crate::error::Error::Io`] for an unreadable TLS file; [`crate::error::Error::Internal`] when no
     /// runtime can be built.
     pub fn open(config: EtcdConfig) -> Result<Self> {
         let url = config.url.clone();
