@@ -142,7 +142,7 @@ impl Draft {
         let mut ev = self.0;
         ev.fence = match stamp.fence {
             EventFence::Known(fence) => Some(fence),
-            EventFence::AtCommit => None,
+            EventFence::AtCommit | EventFence::Unwritten => None,
         };
         if let Some(end) = stamp.lease_end {
             ev.expires = Some(end);
@@ -161,6 +161,9 @@ pub enum EventFence {
     /// the store gives each the revision it was written at when it reads
     /// the history back.
     AtCommit,
+    /// None: the lock was never written (a takeover that buried the stale
+    /// lock but could not publish its own, [`Acquisition::interrupted`]).
+    Unwritten,
 }
 
 /// What the store wrote that the events of a change say.
@@ -238,7 +241,7 @@ impl<W> Acquisition<W> {
             return Vec::new();
         };
         let mut ev = draft.clone().complete(&Stamp {
-            fence: EventFence::AtCommit,
+            fence: EventFence::Unwritten,
             lease_end: None,
         });
         ev.reason = Some(format!(
