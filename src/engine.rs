@@ -646,7 +646,7 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-    use crate::store::{Listed, Location, Seen, Stamp, Written};
+    use crate::store::{Listed, Place, Seen, Stamp, Written};
 
     /// Something a test does between two steps of the engine.
     type Hook = Box<dyn FnOnce(&Memory)>;
@@ -676,8 +676,8 @@ mod tests {
             "memory".into()
         }
 
-        fn location(&self, key: &LockKey) -> Location {
-            Location::at(key.name())
+        fn location(&self, key: &LockKey) -> Place {
+            Place::at(key.name())
         }
 
         fn read(&self, key: &LockKey) -> Result<Current> {

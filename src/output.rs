@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::history::Event;
 use crate::key::LockKey;
 use crate::record::{Holder, Timestamp};
-use crate::store::Location;
+use crate::store::Place;
 
 /// How an invocation exits (SPEC §2 "Exit status").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub struct About {
 impl About {
     /// The lock `key`, where its store says it is.
     #[must_use]
-    pub fn new(key: &LockKey, location: Location) -> Self {
+    pub fn new(key: &LockKey, location: Place) -> Self {
         Self {
             skill: key.skill().to_owned(),
             repo: key.repo().to_owned(),

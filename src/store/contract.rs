@@ -102,7 +102,7 @@ impl Current {
 /// Where one lock is, as a store names it, and what every answer about it
 /// says of the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Location {
+pub struct Place {
     /// Its directory, or its key (ref) in a network store.
     pub lock: String,
     /// Seconds a takeover waits past `expires` judged by this host's wall
@@ -111,7 +111,7 @@ pub struct Location {
     pub clock_skew: Option<u64>,
 }
 
-impl Location {
+impl Place {
     /// A lock where no clock-skew allowance applies.
     #[must_use]
     pub fn at(lock: String) -> Self {

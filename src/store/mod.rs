@@ -21,7 +21,7 @@ pub mod git;
 
 pub use contract::{
     Acquisition, Committed, Current, Decision, Draft, EventFence, Identity, LeaseEnd, Listed,
-    Location, Renewal, Replaces, Seen, Stamp, Written,
+    Place, Renewal, Replaces, Seen, Stamp, Written,
 };
 
 use crate::error::Result;
@@ -61,7 +61,7 @@ pub trait Store {
 
     /// Where one lock is (its directory, or its key in a network store),
     /// and what every answer about it says of the store.
-    fn location(&self, key: &LockKey) -> Location;
+    fn location(&self, key: &LockKey) -> Place;
 
     /// Reads a lock without taking any guard.
     ///
@@ -151,7 +151,7 @@ impl Store for AnyStore {
         each_store!(self, s => s.describe())
     }
 
-    fn location(&self, key: &LockKey) -> Location {
+    fn location(&self, key: &LockKey) -> Place {
         each_store!(self, s => s.location(key))
     }
 

@@ -1061,7 +1061,7 @@ mod planted {
     use skill_lock::history::Event;
     use skill_lock::key::LockKey;
     use skill_lock::lease::StaleReason;
-    use skill_lock::store::{Committed, Current, Decision, Listed, Location, Seen, Store, Written};
+    use skill_lock::store::{Committed, Current, Decision, Listed, Place, Seen, Store, Written};
 
     /// Locks in memory; `cas: false` decides on a read and writes without
     /// checking that the lock is still as it read it (no compare-and-swap).
@@ -1075,8 +1075,8 @@ mod planted {
             "memory".into()
         }
 
-        fn location(&self, key: &LockKey) -> Location {
-            Location::at(key.name())
+        fn location(&self, key: &LockKey) -> Place {
+            Place::at(key.name())
         }
 
         fn read(&self, key: &LockKey) -> Result<Current> {

@@ -24,14 +24,15 @@
 //! false `acquired`. The tokio runtime and the gRPC client exist only when an
 //! `etcd://` store is chosen; the file store never builds them.
 //!
-//! The files, each using only those below it (no module calls back up):
+//! The files, each using only those after it (no module calls back up):
 //! this one holds [`EtcdStore`] and its [`Store`] methods, which call
 //! `round` (read-decide-act and settling a lost answer), `list` and
-//! `history`; below them `leases` (the lease a change is written on, the
-//! short lease, clean-up), `read` (a key and its lease, judged; a lookup
-//! that raced a revoke is read again), `connect` (the `Cluster`:
-//! endpoints and deadlines), `config` (the URL and its variables), `client`
-//! (the gRPC calls), `tunnel`/`proxy` and the generated `proto`.
+//! `history`; then `leases` (the lease a change is written on, the short
+//! lease, clean-up), `history` (event keys, paged reads, trimming), `read`
+//! (a key and its lease, judged; a lookup that raced a revoke is read
+//! again), `connect` (the `Cluster`: endpoints and deadlines), `config`
+//! (the URL and its variables), `client` (the gRPC calls), `tunnel`,
+//! `proxy` and the generated `proto`.
 
 mod client;
 mod config;
@@ -55,7 +56,7 @@ use round::read_marker;
 use crate::error::Result;
 use crate::history::Event;
 use crate::key::LockKey;
-use crate::store::{Committed, Current, Decision, Listed, Location, Store};
+use crate::store::{Committed, Current, Decision, Listed, Place, Store};
 
 /// The etcd store.
 #[derive(Clone)]
@@ -107,8 +108,8 @@ impl Store for EtcdStore {
         self.url.clone()
     }
 
-    fn location(&self, key: &LockKey) -> Location {
-        Location::at(self.lock_key(key))
+    fn location(&self, key: &LockKey) -> Place {
+        Place::at(self.lock_key(key))
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {

@@ -63,7 +63,9 @@ use crate::history::Event;
 use crate::key::{COMPONENT_MAX, LockKey, is_digest_stem};
 use crate::liveness::{self, Origin};
 use crate::record::{NewRecord, OwnerRecord, random_suffix};
-use crate::store::{Acquisition, Committed, Current, Decision, Listed, Stamp, Store, Written};
+use crate::store::{
+    Acquisition, Committed, Current, Decision, Listed, Place, Stamp, Store, Written,
+};
 use layer::{Dir, Location, Open};
 use read::RECORD;
 
@@ -519,8 +521,8 @@ impl Store for FileStore {
         self.run_path().join("locks").display().to_string()
     }
 
-    fn location(&self, key: &LockKey) -> crate::store::Location {
-        crate::store::Location::at(self.lock_path(key).display().to_string())
+    fn location(&self, key: &LockKey) -> Place {
+        Place::at(self.lock_path(key).display().to_string())
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {

@@ -77,7 +77,7 @@ use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::{LockKey, is_digest_stem};
 use crate::record::OwnerRecord;
-use crate::store::{Committed, Current, Decision, Listed, Location, Stamp, Store, Written};
+use crate::store::{Committed, Current, Decision, Listed, Place, Stamp, Store, Written};
 
 mod chain;
 mod cmd;
@@ -185,8 +185,8 @@ impl Store for GitStore {
     }
 
     /// The lock's ref, and the clock-skew allowance every answer reports.
-    fn location(&self, key: &LockKey) -> Location {
-        Location {
+    fn location(&self, key: &LockKey) -> Place {
+        Place {
             lock: self.remote.lock_ref(key),
             clock_skew: Some(self.remote.config.clock_skew),
         }
