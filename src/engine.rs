@@ -12,7 +12,9 @@ use crate::key::LockKey;
 use crate::lease::{self, Now, StaleReason, Verdict};
 use crate::liveness::{self, Origin};
 use crate::record::{FORMAT, Holder, NewRecord, NoFence, OwnerRecord, hash_token, new_token};
-use crate::store::{Acquisition, Committed, Current, Decision, Draft, Renewal, Replaces, Store};
+use crate::store::{
+    Acquisition, Committed, Current, Decision, Draft, Renewal, Replaces, Store, Terms,
+};
 
 pub use crate::clock::Clock;
 
@@ -433,25 +435,26 @@ fn decide_renew(
     let was_expired = matches!(lease::verdict(seen, &ctx.now), Verdict::Stale { .. });
     let ttl = ttl.unwrap_or(rec.holder.ttl);
     let term = lease::term(&ctx.now, ttl);
-    let mut new = rec.clone();
-    new.holder.expires = term.expires;
-    new.holder.renewed = Some(term.start);
-    new.holder.ttl = ttl;
-    // The record keeps its acquirer's identity; the boot-clock deadline
-    // is renewed only by a renewer on that same clock.
-    new.holder.deadline_boot_ms = lease::renewed_deadline(&rec.holder, &ctx.now, &term);
-    let mut ev = event(EventKind::Renewed, key, ctx, Some(&new.holder));
-    if was_expired {
-        ev.reason = Some("was_expired".into());
-    }
-    Decision::Renew(Renewal {
-        record: new,
-        renewed: Draft::new(ev),
-        then: Renewing {
-            was_expired,
-            now: ctx.now.clone(),
-        },
-    })
+    let terms = Terms {
+        expires: term.expires,
+        renewed: term.start,
+        ttl,
+        // The record keeps its acquirer's identity; the boot-clock deadline
+        // is renewed only by a renewer on that same clock.
+        deadline_boot_ms: lease::renewed_deadline(&rec.holder, &ctx.now, &term),
+    };
+    let renewed = |holder: &Holder| {
+        let mut ev = event(EventKind::Renewed, key, ctx, Some(holder));
+        if was_expired {
+            ev.reason = Some("was_expired".into());
+        }
+        ev
+    };
+    let then = Renewing {
+        was_expired,
+        now: ctx.now.clone(),
+    };
+    Decision::Renew(Renewal::new(rec, terms, renewed, then))
 }
 
 /// Extends a held lease to now + ttl (SPEC §2.2).
@@ -711,9 +714,9 @@ mod tests {
                     (Committed::Wrote(acq.then, written), events)
                 }
                 Decision::Renew(renewal) => {
-                    let events = renewal.events(&Stamp::fence(renewal.record.holder.fence));
-                    let written = Written::renewed(renewal.record);
-                    (Committed::Wrote(renewal.then, written), events)
+                    let events = renewal.events(&renewal.stamp());
+                    let (then, written) = renewal.into_written();
+                    (Committed::Wrote(then, written), events)
                 }
             };
             if let Committed::Wrote(_, written) = &committed {

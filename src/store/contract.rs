@@ -252,18 +252,71 @@ impl<W> Acquisition<W> {
     }
 }
 
-/// A renewal: the holder's record with its new terms (its fence the lock's).
+/// The new terms of a renewed lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    /// The new expiry.
+    pub expires: Timestamp,
+    /// When it was renewed.
+    pub renewed: Timestamp,
+    /// The lease asked for, seconds.
+    pub ttl: u64,
+    /// The new boot-clock deadline, when the renewer reads the clock the
+    /// record's deadline is on.
+    pub deadline_boot_ms: Option<u64>,
+}
+
+/// A renewal: the held record with new terms. It can only be made from the
+/// record the store showed ([`Renewal::new`]), so it keeps that record's
+/// fence (and everything else but the terms) by construction.
 #[derive(Debug)]
 pub struct Renewal<W> {
-    /// The record to write.
-    pub record: OwnerRecord,
-    /// The `renewed` event.
-    pub renewed: Draft,
+    record: OwnerRecord,
+    renewed: Draft,
     /// The part of the outcome that waits for what was written.
     pub then: W,
 }
 
 impl<W> Renewal<W> {
+    /// Renews `held` with `terms`; `event` makes the `renewed` event from
+    /// the renewed holder.
+    pub fn new(
+        held: &OwnerRecord,
+        terms: Terms,
+        event: impl FnOnce(&Holder) -> Event,
+        then: W,
+    ) -> Self {
+        let mut record = held.clone();
+        record.holder.expires = terms.expires;
+        record.holder.renewed = Some(terms.renewed);
+        record.holder.ttl = terms.ttl;
+        record.holder.deadline_boot_ms = terms.deadline_boot_ms;
+        let renewed = Draft::new(event(&record.holder));
+        Self {
+            record,
+            renewed,
+            then,
+        }
+    }
+
+    /// The record to write (its fence the lock's).
+    #[must_use]
+    pub fn record(&self) -> &OwnerRecord {
+        &self.record
+    }
+
+    /// The stamp of its events when the record is written as given.
+    #[must_use]
+    pub fn stamp(&self) -> Stamp {
+        Stamp::fence(self.record.holder.fence)
+    }
+
+    /// What a store that writes the record as given wrote, with the part of
+    /// the outcome that waits for it.
+    pub fn into_written(self) -> (W, Written) {
+        (self.then, Written::renewed(self.record))
+    }
+
     /// Its event, completed with what the store wrote.
     #[must_use]
     pub fn events(&self, stamp: &Stamp) -> Vec<Event> {

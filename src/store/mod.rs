@@ -21,7 +21,7 @@ pub mod git;
 
 pub use contract::{
     Acquisition, Committed, Current, Decision, Draft, EventFence, Identity, LeaseEnd, Listed,
-    Place, Renewal, Replaces, Seen, Stamp, Written,
+    Place, Renewal, Replaces, Seen, Stamp, Terms, Written,
 };
 
 use crate::error::Result;

@@ -1114,7 +1114,8 @@ mod planted {
                     Committed::Wrote(acq.then, Written::acquired(acq.record, g.1, None))
                 }
                 Decision::Renew(renewal) => {
-                    Committed::Wrote(renewal.then, Written::renewed(renewal.record))
+                    let (then, written) = renewal.into_written();
+                    Committed::Wrote(then, written)
                 }
                 Decision::Delete(outcome, _) => {
                     g.0.remove(&name);

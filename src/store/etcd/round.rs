@@ -306,7 +306,7 @@ pub(super) async fn round<K, W>(
         }
         Decision::Acquire(acq) => acquisition(cluster, c, (k, mk), &seen, acq).await?,
         Decision::Renew(renewal) => {
-            let mut record = renewal.record.clone();
+            let mut record = renewal.record().clone();
             let leased = lease_for(cluster, c, &mut record.holder, false).await?;
             let stamp = Stamp {
                 fence: EventFence::Known(record.holder.fence),

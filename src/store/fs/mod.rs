@@ -503,12 +503,10 @@ impl Parts {
                 }
             }
             Decision::Renew(renewal) => {
-                self.replace_record(key, &renewal.record)?;
-                let events = renewal.events(&Stamp::fence(renewal.record.holder.fence));
-                (
-                    Committed::Wrote(renewal.then, Written::renewed(renewal.record)),
-                    events,
-                )
+                self.replace_record(key, renewal.record())?;
+                let events = renewal.events(&renewal.stamp());
+                let (then, written) = renewal.into_written();
+                (Committed::Wrote(then, written), events)
             }
         };
         self.append_history(&events);

@@ -589,12 +589,14 @@ fn next_state<K, W>(r: &str, seen: &RefState, decision: Decision<K, W>) -> Resul
             }
         }
         Decision::Renew(renewal) => {
-            let events = renewal.events(&Stamp::fence(renewal.record.holder.fence));
+            let events = renewal.events(&renewal.stamp());
+            let state = held(renewal.record())?;
+            let (then, written) = renewal.into_written();
             Commit {
-                state: held(&renewal.record)?,
+                state,
                 events,
                 what: CommitKind::Renewed,
-                committed: Committed::Wrote(renewal.then, Written::renewed(renewal.record)),
+                committed: Committed::Wrote(then, written),
             }
         }
         Decision::Delete(outcome, event) => Commit {
