@@ -9,7 +9,7 @@ use crate::config::{Action, Settings};
 use crate::engine::{self, AcquireRequest, Context};
 use crate::error::Result;
 use crate::key::LockKey;
-use crate::output::{About, Channel, ExitStatus, Report};
+use crate::output::{About, Channel, ExitStatus, ListPrinter, Report};
 use crate::store::{AnyStore, Store};
 
 /// Carries out the settings' action and prints its object on `channel`;
@@ -33,8 +33,22 @@ pub fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatus> {
     }
     let store = settings.store.open()?;
     let report = match &settings.action {
+        // Printed as it is read: never all in memory.
         Action::List => return list(settings, &store),
-        other => report(settings, &store, other)?,
+        Action::Acquire { key, req, wait } => acquire(settings, &store, key, req, *wait)?,
+        Action::Run {
+            key,
+            req,
+            wait,
+            cmd,
+        } => run(settings, &store, key, req, *wait, cmd)?,
+        Action::Renew { key, token, ttl } => renew(settings, &store, key, token.as_deref(), *ttl)?,
+        Action::Release { key, token, force } => {
+            release(settings, &store, key, token.as_deref(), *force)?
+        }
+        Action::Status { key } => status(settings, &store, key)?,
+        Action::Check { key, token } => check(settings, &store, key, token)?,
+        Action::History { key, limit } => history(&store, key.as_ref(), *limit)?,
     };
     match (report.write(channel), &settings.action, report.token()) {
         (Ok(()), ..) => Ok(report.exit_status()),
@@ -74,35 +88,12 @@ fn give_back(
     crate::output::unwritten(why, &then);
 }
 
-/// The object of every action but `list` (which prints as it reads).
-fn report(settings: &Settings, store: &AnyStore, action: &Action) -> Result<Report> {
-    match action {
-        Action::Acquire { key, req, wait } => acquire(settings, store, key, req, *wait),
-        Action::Run {
-            key,
-            req,
-            wait,
-            cmd,
-        } => run(settings, store, key, req, *wait, cmd),
-        Action::Renew { key, token, ttl } => renew(settings, store, key, token.as_deref(), *ttl),
-        Action::Release { key, token, force } => {
-            release(settings, store, key, token.as_deref(), *force)
-        }
-        Action::Status { key } => status(settings, store, key),
-        Action::List => Err(crate::error::Error::Internal(
-            "list prints as it reads".into(),
-        )),
-        Action::Check { key, token } => check(settings, store, key, token),
-        Action::History { key, limit } => history(store, key.as_ref(), *limit),
-    }
-}
-
 fn context(settings: &Settings) -> Context {
     Context::with_clock(settings.clock.clone())
 }
 
 fn about(store: &AnyStore, key: &LockKey) -> About {
-    About::new(key, store)
+    About::new(key, store.location(key))
 }
 
 /// Refuses while an older version's lock on `key` is held in one of the
@@ -113,7 +104,7 @@ fn refuse_legacy_held(settings: &Settings, key: &LockKey) -> Result<()> {
         let old = crate::store::fs::FileStore::at(location.clone());
         if let engine::State::Held { holder, .. } = engine::state(&old, key, &context(settings))? {
             return Err(crate::error::Error::LegacyHeld {
-                path: std::path::PathBuf::from(old.location(key)),
+                path: std::path::PathBuf::from(old.location(key).lock),
                 expires: holder.expires.to_string(),
                 host: holder.host.escape_default().to_string(),
             });
@@ -200,16 +191,26 @@ fn status(settings: &Settings, store: &AnyStore, key: &LockKey) -> Result<Report
     Ok(Report::status(status, about(store, key)))
 }
 
+/// `list`: the engine judges each lock as the store reads it and hands it
+/// to the printer, which writes it at once. The locks an older version
+/// left in working-tree layers are read first, so a failure there prints
+/// nothing.
 fn list(settings: &Settings, store: &AnyStore) -> Result<ExitStatus> {
-    let legacy: Vec<_> = settings
-        .store
-        .legacy
-        .iter()
-        .map(|l| crate::store::fs::FileStore::at(l.clone()))
-        .collect();
     let ctx = context(settings);
-    let legacy = crate::output::legacy_entries(&legacy, &ctx)?;
-    crate::output::print_list(store, &legacy, &ctx)
+    let mut legacy = Vec::new();
+    for location in &settings.store.legacy {
+        let old = crate::store::fs::FileStore::at(location.clone());
+        engine::list(&old, &ctx, &mut |entry| {
+            legacy.push(entry);
+            Ok(())
+        })?;
+    }
+    let mut printer = match ListPrinter::start(&store.describe()) {
+        Ok(printer) => printer,
+        Err(status) => return Ok(status),
+    };
+    let visited = engine::list(store, &ctx, &mut |entry| printer.entry(entry));
+    printer.finish(visited, legacy)
 }
 
 fn check(settings: &Settings, store: &AnyStore, key: &LockKey, token: &str) -> Result<Report> {

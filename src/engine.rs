@@ -11,8 +11,10 @@ use crate::history::{Event, EventKind};
 use crate::key::LockKey;
 use crate::lease::{self, Now, StaleReason, Verdict};
 use crate::liveness::{self, Origin};
-use crate::record::{FORMAT, Holder, OwnerRecord, hash_token, new_token};
-use crate::store::{Change, Current, Decision, Store};
+use crate::record::{FORMAT, Holder, NewRecord, NoFence, OwnerRecord, hash_token, new_token};
+use crate::store::{
+    Acquisition, Committed, Current, Decision, Draft, Renewal, Replaces, Store, Terms,
+};
 
 pub use crate::clock::Clock;
 
@@ -247,10 +249,15 @@ pub fn judge(current: &Current, now: &Now) -> State {
     }
 }
 
-fn event(kind: EventKind, key: &LockKey, ctx: &Context, holder: Option<&Holder>) -> Event {
+fn event<F: Copy + Into<Option<u64>>>(
+    kind: EventKind,
+    key: &LockKey,
+    ctx: &Context,
+    holder: Option<&Holder<F>>,
+) -> Event {
     let mut ev = Event::new(kind, key, ctx.now.wall(), &ctx.host);
     if let Some(h) = holder {
-        ev.fence = Some(h.fence);
+        ev.fence = h.fence.into();
         ev.owner_pid = h.owner_pid;
         ev.note.clone_from(&h.note);
         ev.expires = Some(h.expires);
@@ -270,7 +277,7 @@ struct Acquirer<'a> {
 
 impl Acquirer<'_> {
     /// The record of a new lease taken at `ctx` (its fence is the store's to assign).
-    fn record(&self, ctx: &Context) -> OwnerRecord {
+    fn record(&self, ctx: &Context) -> NewRecord {
         let term = lease::term(&ctx.now, self.req.ttl);
         let here = Origin::here();
         OwnerRecord {
@@ -284,7 +291,7 @@ impl Acquirer<'_> {
                 note: self.req.note.clone(),
                 host: ctx.host.clone(),
                 owner_pid: self.req.owner_pid,
-                fence: 0,
+                fence: NoFence,
                 boot_id: ctx.now.boot.as_ref().map(|b| b.id.clone()),
                 owner_start: self.owner_start,
                 deadline_boot_ms: term.deadline_boot_ms,
@@ -302,32 +309,37 @@ impl Acquirer<'_> {
 
     /// The decision on `current`, made at `ctx`: keep a live lock, create
     /// a free one, take over a stale one.
-    fn decide(
-        &self,
-        current: &Current,
-        ctx: &Context,
-    ) -> Decision<Result<Option<TookOver>, (Holder, u64)>> {
+    fn decide(&self, current: &Current, ctx: &Context) -> Decision<Acquire, Option<TookOver>> {
         let record = self.record(ctx);
-        let acquired = event(EventKind::Acquired, self.key, ctx, Some(&record.holder));
-        match judge(current, &ctx.now) {
-            State::Held { holder, expires_in } => Decision::keep(Err((holder, expires_in))),
-            State::Free => {
-                Decision::new(Change::Create(record), Ok(None)).with_new_lock_event(acquired)
+        let acquired = Draft::new(event(
+            EventKind::Acquired,
+            self.key,
+            ctx,
+            Some(&record.holder),
+        ));
+        let (replaces, then) = match judge(current, &ctx.now) {
+            State::Held { holder, expires_in } => {
+                return Decision::keep(Acquire::AlreadyRunning { holder, expires_in });
             }
+            State::Free => (Replaces::Nothing, None),
             State::Stale { reason, holder, .. } => {
-                let mut took_over = event(EventKind::TookOver, self.key, ctx, None);
+                let mut took_over = event::<u64>(EventKind::TookOver, self.key, ctx, None);
                 took_over.reason = Some(reason.as_str().to_owned());
                 took_over.previous.clone_from(&holder);
                 took_over.owner_pid = self.req.owner_pid;
                 took_over.note.clone_from(&self.req.note);
-                Decision::new(
-                    Change::Takeover(record),
-                    Ok(Some(TookOver { reason, holder })),
+                (
+                    Replaces::Stale(Draft::new(took_over)),
+                    Some(TookOver { reason, holder }),
                 )
-                .with_new_lock_event(took_over)
-                .with_new_lock_event(acquired)
             }
-        }
+        };
+        Decision::Acquire(Acquisition {
+            record,
+            replaces,
+            acquired,
+            then,
+        })
     }
 }
 
@@ -374,30 +386,24 @@ pub fn acquire<S: Store>(
     let committed = store.update(key, &mut |current| {
         Ok(acquirer.decide(current, &ctx.at_decision()))
     })?;
-    Ok(match (committed.value, committed.written) {
-        (Ok(took_over), Some(written)) => Acquire::Acquired {
+    Ok(match committed {
+        Committed::Done(outcome) => outcome,
+        Committed::Wrote(took_over, written) => Acquire::Acquired {
             token,
             others_since: req
                 .since
                 .map(|since| others_since(written.prior_fence, since)),
-            holder: written.holder(),
+            holder: written.record.holder,
             took_over,
         },
-        (Err((holder, expires_in)), _) => Acquire::AlreadyRunning { holder, expires_in },
-        (Ok(_), None) => {
-            return Err(crate::error::Error::Internal(
-                "acquire committed without a record".into(),
-            ));
-        }
     })
 }
 
-/// What a renew decided, before the store said what it wrote.
-// One per decision, moved once: boxing would buy nothing.
-#[allow(clippy::large_enum_variant)]
-enum Renewing {
-    Renewed { was_expired: bool, now: Now },
-    Other(Renew),
+/// What a renewal waits for from the store: whether the lease had run
+/// out, and the clock reading it was decided at.
+struct Renewing {
+    was_expired: bool,
+    now: Now,
 }
 
 fn decide_renew(
@@ -406,12 +412,10 @@ fn decide_renew(
     token: Option<&str>,
     ttl: Option<u64>,
     ctx: &Context,
-) -> Decision<Renewing> {
+) -> Decision<Renew, Renewing> {
     let seen = match current {
-        Current::Free => return Decision::keep(Renewing::Other(Renew::NotHeld { corrupt: false })),
-        Current::Corrupt(_) => {
-            return Decision::keep(Renewing::Other(Renew::NotHeld { corrupt: true }));
-        }
+        Current::Free => return Decision::keep(Renew::NotHeld { corrupt: false }),
+        Current::Corrupt(_) => return Decision::keep(Renew::NotHeld { corrupt: true }),
         Current::Held(seen) => seen,
     };
     let rec = &seen.record;
@@ -422,28 +426,35 @@ fn decide_renew(
         ev.reason = Some("renew with a token that does not hold the lock".into());
         ev.previous = Some(rec.holder.clone());
         let expires_in = lease::seen_expires_in(seen, &ctx.now);
-        return Decision::keep(Renewing::Other(Renew::NotOwner {
+        let outcome = Renew::NotOwner {
             holder: rec.holder.clone(),
             expires_in,
-        }))
-        .with_event(ev);
+        };
+        return Decision::Keep(outcome, vec![ev]);
     }
     let was_expired = matches!(lease::verdict(seen, &ctx.now), Verdict::Stale { .. });
     let ttl = ttl.unwrap_or(rec.holder.ttl);
     let term = lease::term(&ctx.now, ttl);
-    let mut new = rec.clone();
-    new.holder.expires = term.expires;
-    new.holder.renewed = Some(term.start);
-    new.holder.ttl = ttl;
-    // The record keeps its acquirer's identity; the boot-clock deadline
-    // is renewed only by a renewer on that same clock.
-    new.holder.deadline_boot_ms = lease::renewed_deadline(&rec.holder, &ctx.now, &term);
-    let mut ev = event(EventKind::Renewed, key, ctx, Some(&new.holder));
-    if was_expired {
-        ev.reason = Some("was_expired".into());
-    }
-    let now = ctx.now.clone();
-    Decision::new(Change::Rewrite(new), Renewing::Renewed { was_expired, now }).with_event(ev)
+    let terms = Terms {
+        expires: term.expires,
+        renewed: term.start,
+        ttl,
+        // The record keeps its acquirer's identity; the boot-clock deadline
+        // is renewed only by a renewer on that same clock.
+        deadline_boot_ms: lease::renewed_deadline(&rec.holder, &ctx.now, &term),
+    };
+    let renewed = |holder: &Holder| {
+        let mut ev = event(EventKind::Renewed, key, ctx, Some(holder));
+        if was_expired {
+            ev.reason = Some("was_expired".into());
+        }
+        ev
+    };
+    let then = Renewing {
+        was_expired,
+        now: ctx.now.clone(),
+    };
+    Decision::Renew(Renewal::new(rec, terms, renewed, then))
 }
 
 /// Extends a held lease to now + ttl (SPEC §2.2).
@@ -463,21 +474,16 @@ pub fn renew<S: Store>(
     // The record as the store wrote it: a network store reports the lease it
     // was granted (etcd raises a short ttl to its minimum), SPEC §8; its
     // `expires_in` is counted on the clock reading the decision was made at.
-    Ok(match (committed.value, committed.written) {
-        (Renewing::Renewed { was_expired, now }, Some(written)) => {
-            let holder = written.holder();
+    Ok(match committed {
+        Committed::Done(outcome) => outcome,
+        Committed::Wrote(Renewing { was_expired, now }, written) => {
+            let holder = written.record.holder;
             Renew::Renewed {
                 expires_in: lease::expires_in(&holder, &now),
                 holder,
                 was_expired,
             }
         }
-        (Renewing::Renewed { .. }, None) => {
-            return Err(crate::error::Error::Internal(
-                "renew committed without a record".into(),
-            ));
-        }
-        (Renewing::Other(value), _) => value,
     })
 }
 
@@ -487,7 +493,7 @@ fn decide_release(
     token: Option<&str>,
     force: bool,
     ctx: &Context,
-) -> Decision<Release> {
+) -> Decision<Release, std::convert::Infallible> {
     let holder = match current {
         Current::Free => return Decision::keep(Release::NotHeld),
         Current::Corrupt(_) => None,
@@ -503,7 +509,7 @@ fn decide_release(
         let mut ev = event(EventKind::Refused, key, ctx, shown.as_ref());
         ev.reason = Some("release with a token that does not hold the lock".into());
         ev.previous.clone_from(&shown);
-        return Decision::keep(Release::Refused { holder: shown }).with_event(ev);
+        return Decision::Keep(Release::Refused { holder: shown }, vec![ev]);
     }
     let forced = force && !(token.is_some() && matches);
     let kind = if forced {
@@ -516,14 +522,13 @@ fn decide_release(
     if holder.is_none() {
         ev.reason = Some("corrupt".into());
     }
-    Decision::new(
-        Change::Delete,
+    Decision::Delete(
         Release::Released {
             holder: shown,
             forced,
         },
+        ev,
     )
-    .with_event(ev)
 }
 
 /// Removes a lock (SPEC §2.3).
@@ -540,7 +545,10 @@ pub fn release<S: Store>(
     let committed = store.update(key, &mut |current| {
         Ok(decide_release(current, key, token, force, ctx))
     })?;
-    Ok(committed.value)
+    Ok(match committed {
+        Committed::Done(outcome) => outcome,
+        Committed::Wrote(never, _) => match never {},
+    })
 }
 
 /// Reads the state of a lock without changing anything.
@@ -641,7 +649,7 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-    use crate::store::{Committed, Listed, Seen, Written};
+    use crate::store::{Listed, Place, Seen, Stamp, Written};
 
     /// Something a test does between two steps of the engine.
     type Hook = Box<dyn FnOnce(&Memory)>;
@@ -671,8 +679,8 @@ mod tests {
             "memory".into()
         }
 
-        fn location(&self, key: &LockKey) -> String {
-            key.name()
+        fn location(&self, key: &LockKey) -> Place {
+            Place::at(key.name())
         }
 
         fn read(&self, key: &LockKey) -> Result<Current> {
@@ -684,39 +692,38 @@ mod tests {
                 .unwrap_or(Current::Free))
         }
 
-        fn update<T>(
+        fn update<K, W>(
             &self,
             key: &LockKey,
-            decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
-        ) -> Result<Committed<T>> {
+            decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+        ) -> Result<Committed<K, W>> {
             let name = key.name();
-            let decision = decide(&self.read(key)?)?;
-            let mut prior = None;
-            let written = match decision.change.clone() {
-                Change::Keep => None,
-                Change::Create(mut rec) | Change::Takeover(mut rec) => {
+            let (committed, events) = match decide(&self.read(key)?)? {
+                Decision::Keep(outcome, events) => (Committed::Done(outcome), events),
+                Decision::Delete(outcome, event) => {
+                    self.locks.borrow_mut().remove(&name);
+                    (Committed::Done(outcome), vec![event])
+                }
+                Decision::Acquire(acq) => {
                     let mut fences = self.fences.borrow_mut();
                     let fence = fences.entry(name.clone()).or_insert(0);
-                    prior = Some(*fence).filter(|f| *f > 0);
+                    let prior = Some(*fence).filter(|f| *f > 0);
                     *fence += 1;
-                    rec.holder.fence = *fence;
-                    Some(rec)
+                    let events = acq.events(&Stamp::fence(*fence));
+                    let written = Written::acquired(acq.record, *fence, prior);
+                    (Committed::Wrote(acq.then, written), events)
                 }
-                Change::Rewrite(rec) => Some(rec),
-                Change::Delete => {
-                    self.locks.borrow_mut().remove(&name);
-                    None
+                Decision::Renew(renewal) => {
+                    let events = renewal.events(&renewal.stamp());
+                    let (then, written) = renewal.into_written();
+                    (Committed::Wrote(then, written), events)
                 }
             };
-            let fence = written.as_ref().map(|r| r.holder.fence);
-            if let Some(rec) = &written {
-                self.put(key, Current::Held(Seen::recorded(rec.clone())));
+            if let Committed::Wrote(_, written) = &committed {
+                self.put(key, Current::Held(Seen::recorded(written.record.clone())));
             }
-            self.events.borrow_mut().extend(decision.events(fence));
-            Ok(Committed {
-                value: decision.value,
-                written: written.map(|r| Written::as_given(r).with_prior(prior)),
-            })
+            self.events.borrow_mut().extend(events);
+            Ok(committed)
         }
 
         fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {

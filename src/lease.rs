@@ -7,13 +7,15 @@
 //! boot-time clock that wrote a record (same boot id and same time
 //! namespace), expiry is judged on that clock, which wall-clock steps do not
 //! move; anywhere else it is judged on the wall clock against `expires`.
-//! A store says how a lock it saw is judged ([`Seen`]: the lease end it
-//! knows, whether the owner is comparable here) without editing the
-//! record, and [`verdict`] is the one judgement every answer uses.
+//! A store says how a lock it saw is judged ([`Seen`], a type of the store
+//! contract: the lease end it knows, whether the owner is comparable here)
+//! without editing the record, and [`verdict`] is the one judgement every
+//! answer uses.
 
 use crate::error::{Error, Result};
 use crate::liveness::{self, Origin};
-use crate::record::{Holder, OwnerRecord, Timestamp};
+use crate::record::{Holder, Timestamp};
+use crate::store::{Identity, LeaseEnd, Seen};
 
 /// Default lease, seconds.
 pub const DEFAULT_TTL: u64 = 7200;
@@ -150,61 +152,6 @@ pub fn same_boot_clock(holder: &Holder, now: &Now) -> bool {
 pub fn renewed_deadline(holder: &Holder, now: &Now, term: &Term) -> Option<u64> {
     term.deadline_boot_ms
         .filter(|_| same_boot_clock(holder, now))
-}
-
-/// How far this host may judge a record's owner (SPEC §6 "owner_dead").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Identity {
-    /// Its pids, boot and namespaces can be compared with this host's: a
-    /// dead owner (or a `run` group still alive) is judged here.
-    Comparable,
-    /// Recorded by another boot or machine on a store several machines
-    /// share, where a hostname or machine id proves nothing: only its lease
-    /// judges it, and no pid of it is ever looked up here.
-    Foreign,
-}
-
-/// When a held lock's lease ends, as the store that keeps it knows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseEnd {
-    /// The record's own terms: its boot-clock deadline on that same clock,
-    /// else its `expires` on the wall clock.
-    Recorded,
-    /// This wall-clock second, whatever the record says: `expires` plus a
-    /// clock-skew allowance (git), or the end of the cluster's lease (etcd).
-    Wall(Timestamp),
-}
-
-/// A readable lock as a store saw it: the record exactly as stored, and
-/// how the store says it is judged. Stores never edit the record to steer
-/// the judgement; they say so here.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seen {
-    /// The owner record as stored (its fence the lock's).
-    pub record: OwnerRecord,
-    /// When its lease ends.
-    pub lease_end: LeaseEnd,
-    /// Whether its owner can be judged here.
-    pub identity: Identity,
-}
-
-impl Seen {
-    /// A record judged by its own terms, its owner comparable here (the
-    /// file store: one machine).
-    #[must_use]
-    pub fn recorded(record: OwnerRecord) -> Self {
-        Self {
-            record,
-            lease_end: LeaseEnd::Recorded,
-            identity: Identity::Comparable,
-        }
-    }
-
-    /// Its holder.
-    #[must_use]
-    pub fn holder(&self) -> &Holder {
-        &self.record.holder
-    }
 }
 
 /// The verdict on a readable lock at one clock reading.

@@ -7,7 +7,7 @@
 //! no value is `null`. Each object knows its [`ExitStatus`], and the
 //! conversions from engine outcomes to objects live here, beside them. The
 //! `list` object is written entry by entry as the store hands the locks over
-//! ([`print_list`]), so its locks are never all in memory; after them come
+//! ([`ListPrinter`]), so its locks are never all in memory; after them come
 //! `tombstones` and, only when an older version's layout still holds some,
 //! `legacy`: the locks found in a working tree's `.apache-magpie-local/`.
 
@@ -15,12 +15,12 @@ use std::io::{BufWriter, Write};
 
 use serde::Serialize;
 
-use crate::engine::{self, Acquire, Check, Context, Entry, Release, Renew, State, TookOver};
+use crate::engine::{self, Acquire, Check, Entry, Release, Renew, State, TookOver};
 use crate::error::Error;
 use crate::history::Event;
 use crate::key::LockKey;
 use crate::record::{Holder, Timestamp};
-use crate::store::Store;
+use crate::store::Place;
 
 /// How an invocation exits (SPEC §2 "Exit status").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,14 +75,14 @@ pub struct About {
 }
 
 impl About {
-    /// The lock `key` in `store`.
+    /// The lock `key`, where its store says it is.
     #[must_use]
-    pub fn new(key: &LockKey, store: &impl Store) -> Self {
+    pub fn new(key: &LockKey, location: Place) -> Self {
         Self {
             skill: key.skill().to_owned(),
             repo: key.repo().to_owned(),
-            lock: store.location(key),
-            clock_skew: store.clock_skew(),
+            lock: location.lock,
+            clock_skew: location.clock_skew,
         }
     }
 }
@@ -284,22 +284,6 @@ impl From<Entry> for ListEntry {
             lock: judged.location,
         }
     }
-}
-
-/// The locks an older version left in working-tree layers (`list`'s
-/// `legacy`), judged at `ctx`: read first, so a failure prints nothing.
-///
-/// # Errors
-/// As [`engine::list`].
-pub fn legacy_entries(stores: &[impl Store], ctx: &Context) -> Result<Vec<ListEntry>, Error> {
-    let mut out = Vec::new();
-    for store in stores {
-        engine::list(store, ctx, &mut |judged| {
-            out.push(ListEntry::from(judged));
-            Ok(())
-        })?;
-    }
-    Ok(out)
 }
 
 /// `held` (check): the token holds a live lease.
@@ -826,58 +810,89 @@ impl<W: Write> Write for Counted<W> {
     }
 }
 
-/// Prints the `list` object of `store` on stdout, each lock as the engine
-/// judges it (at `ctx`) and hands it over, and returns its exit status. A
+/// The `list` object on stdout, written as the engine hands over each
+/// lock (the command layer passes [`ListPrinter::entry`] to
+/// [`engine::list`] as its sink), so the locks are never all in memory. A
 /// result that could not be written in full (standard output closed, full
 /// or a broken pipe) is a failure, said on stderr (SPEC §3).
-///
-/// # Errors
-/// A store failure before any byte reached stdout (the caller prints the
-/// error object instead). A failure after that ends the broken line, puts the
-/// error object on stderr and returns [`ExitStatus::Error`].
-pub fn print_list(
-    store: &impl Store,
-    legacy: &[ListEntry],
-    ctx: &Context,
-) -> Result<ExitStatus, Error> {
-    let failed = |e: &dyn std::fmt::Display| {
-        unwritten(e, "");
-        Ok(ExitStatus::Error)
-    };
-    let stdout = match open_stdout() {
-        Ok(out) => Counted {
-            inner: out,
-            written: 0,
-        },
-        Err(e) => return failed(&e),
-    };
-    let buffered = BufWriter::with_capacity(64 * 1024, stdout);
-    let mut list = match ListWriter::start(buffered, &store.describe()) {
-        Ok(list) => list,
-        Err(e) => return failed(&e),
-    };
-    let mut closed = None;
-    let visited = engine::list(store, ctx, &mut |judged| {
-        list.entry(judged).map_err(|e| {
-            closed = Some(e.to_string());
+pub struct ListPrinter {
+    list: ListWriter<BufWriter<Counted<std::io::StdoutLock<'static>>>>,
+    /// Why standard output failed under an entry.
+    closed: Option<String>,
+}
+
+impl ListPrinter {
+    /// Opens standard output and starts the object of the store described
+    /// as `store`.
+    ///
+    /// # Errors
+    /// The exit status when standard output cannot be written (said on
+    /// stderr): the store is not read then.
+    pub fn start(store: &str) -> Result<Self, ExitStatus> {
+        let started = open_stdout().and_then(|out| {
+            let counted = Counted {
+                inner: out,
+                written: 0,
+            };
+            ListWriter::start(BufWriter::with_capacity(64 * 1024, counted), store)
+        });
+        match started {
+            Ok(list) => Ok(Self { list, closed: None }),
+            Err(e) => {
+                unwritten(&e, "");
+                Err(ExitStatus::Error)
+            }
+        }
+    }
+
+    /// Writes one judged lock.
+    ///
+    /// # Errors
+    /// Standard output failed: the store's visit stops there.
+    pub fn entry(&mut self, judged: Entry) -> Result<(), Error> {
+        self.list.entry(judged).map_err(|e| {
+            self.closed = Some(e.to_string());
             Error::io("write", "standard output", e)
         })
-    });
-    match visited {
-        Ok(tombstones) => match list.finish(tombstones, legacy) {
-            Ok(_) => Ok(ExitStatus::Success),
-            Err(e) => failed(&e),
-        },
-        Err(err) => {
-            if let Some(why) = closed {
-                return failed(&why);
+    }
+
+    /// Ends the object once the store's visit is over (`visited`: the
+    /// tombstones it saw, or why it stopped), with the locks an older
+    /// version left in working-tree layers (`legacy`), and returns the exit
+    /// status.
+    ///
+    /// # Errors
+    /// A store failure before any byte reached stdout (the caller prints the
+    /// error object instead). A failure after that ends the broken line, puts
+    /// the error object on stderr and returns [`ExitStatus::Error`].
+    pub fn finish(
+        self,
+        visited: Result<usize, Error>,
+        legacy: Vec<Entry>,
+    ) -> Result<ExitStatus, Error> {
+        let failed = |e: &dyn std::fmt::Display| {
+            unwritten(e, "");
+            Ok(ExitStatus::Error)
+        };
+        match visited {
+            Ok(tombstones) => {
+                let legacy: Vec<ListEntry> = legacy.into_iter().map(ListEntry::from).collect();
+                match self.list.finish(tombstones, &legacy) {
+                    Ok(_) => Ok(ExitStatus::Success),
+                    Err(e) => failed(&e),
+                }
             }
-            let (mut stdout, _unwritten) = list.out.into_parts();
-            if stdout.written == 0 {
-                return Err(err);
+            Err(err) => {
+                if let Some(why) = self.closed {
+                    return failed(&why);
+                }
+                let (mut stdout, _unwritten) = self.list.out.into_parts();
+                if stdout.written == 0 {
+                    return Err(err);
+                }
+                let _ = stdout.write_all(b"\n");
+                Ok(Report::error(&err, None).emit(Channel::Stderr))
             }
-            let _ = stdout.write_all(b"\n");
-            Ok(Report::error(&err, None).emit(Channel::Stderr))
         }
     }
 }

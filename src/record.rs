@@ -73,8 +73,12 @@ impl<'de> Deserialize<'de> for Timestamp {
 }
 
 /// The shown part of an owner record: every field but the token hash.
+///
+/// `F` is the fence: a `u64` once a store has written the record, [`NoFence`]
+/// in a record about to be created, whose fence only the store can assign
+/// (so no placeholder value can be mistaken for one).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Holder {
+pub struct Holder<F = u64> {
     /// Skill that holds the lock.
     pub skill: String,
     /// Repository, spelled as the acquirer gave it.
@@ -94,7 +98,7 @@ pub struct Holder {
     /// Process whose death makes the lock stale, if any.
     pub owner_pid: Option<u32>,
     /// Fencing number of this acquisition.
-    pub fence: u64,
+    pub fence: F,
     /// Boot id of the acquirer's host (Linux), to detect reboots.
     pub boot_id: Option<String>,
     /// Start time of `owner_pid` (clock ticks since boot), to detect pid reuse.
@@ -133,14 +137,77 @@ pub struct Holder {
     pub format: u32,
 }
 
-/// The full record kept with a lock.
+/// The full record kept with a lock (`F`: its fence, as for [`Holder`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OwnerRecord {
+pub struct OwnerRecord<F = u64> {
     /// Everything that may be shown.
     #[serde(flatten)]
-    pub holder: Holder,
+    pub holder: Holder<F>,
     /// Lowercase hex SHA-256 of the token.
     pub token_sha256: String,
+}
+
+/// The fence of a record not written yet: there is none. The store that
+/// writes the record assigns it ([`NewRecord::fenced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoFence;
+
+impl From<NoFence> for Option<u64> {
+    /// No fence, as an optional one says it.
+    fn from(_: NoFence) -> Self {
+        None
+    }
+}
+
+/// A record about to be created (an acquisition): everything but the fence.
+pub type NewRecord = OwnerRecord<NoFence>;
+
+impl NewRecord {
+    /// The record with the fence its store assigned.
+    #[must_use]
+    pub fn fenced(self, fence: u64) -> OwnerRecord {
+        let h = self.holder;
+        OwnerRecord {
+            holder: Holder {
+                skill: h.skill,
+                repo: h.repo,
+                started: h.started,
+                expires: h.expires,
+                renewed: h.renewed,
+                ttl: h.ttl,
+                note: h.note,
+                host: h.host,
+                owner_pid: h.owner_pid,
+                fence,
+                boot_id: h.boot_id,
+                owner_start: h.owner_start,
+                deadline_boot_ms: h.deadline_boot_ms,
+                machine: h.machine,
+                pid_ns: h.pid_ns,
+                pid_ns_start: h.pid_ns_start,
+                time_ns: h.time_ns,
+                owner_pgid: h.owner_pgid,
+                group_start: h.group_start,
+                format: h.format,
+            },
+            token_sha256: self.token_sha256,
+        }
+    }
+}
+
+impl<F> OwnerRecord<F> {
+    /// True when `token` is the one this record was acquired with.
+    #[must_use]
+    pub fn token_matches(&self, token: &str) -> bool {
+        let given = hash_token(token);
+        // Compare all bytes regardless of where they differ.
+        given.len() == self.token_sha256.len()
+            && given
+                .bytes()
+                .zip(self.token_sha256.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
 }
 
 impl OwnerRecord {
@@ -245,19 +312,6 @@ impl OwnerRecord {
                 .unwrap_or_default(),
         })
     }
-
-    /// True when `token` is the one this record was acquired with.
-    #[must_use]
-    pub fn token_matches(&self, token: &str) -> bool {
-        let given = hash_token(token);
-        // Compare all bytes regardless of where they differ.
-        given.len() == self.token_sha256.len()
-            && given
-                .bytes()
-                .zip(self.token_sha256.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    }
 }
 
 fn is_hash(text: &str) -> bool {
@@ -318,6 +372,11 @@ pub(crate) mod tests {
     use proptest::prelude::*;
 
     pub(crate) fn sample(note: Option<String>) -> OwnerRecord {
+        sample_new(note).fenced(7)
+    }
+
+    /// The same record before a store gave it a fence.
+    pub(crate) fn sample_new(note: Option<String>) -> NewRecord {
         OwnerRecord {
             holder: Holder {
                 skill: "issue-triage".into(),
@@ -329,7 +388,7 @@ pub(crate) mod tests {
                 note,
                 host: "h".into(),
                 owner_pid: Some(42),
-                fence: 7,
+                fence: NoFence,
                 boot_id: Some("b".into()),
                 owner_start: Some(99),
                 deadline_boot_ms: Some(5),

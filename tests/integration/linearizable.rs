@@ -912,7 +912,7 @@ mod planted {
     use skill_lock::history::Event;
     use skill_lock::key::LockKey;
     use skill_lock::lease::StaleReason;
-    use skill_lock::store::{Change, Committed, Current, Decision, Listed, Seen, Store, Written};
+    use skill_lock::store::{Committed, Current, Decision, Listed, Place, Seen, Store, Written};
 
     /// Locks in memory; `cas: false` decides on a read and writes without
     /// checking that the lock is still as it read it (no compare-and-swap).
@@ -926,8 +926,8 @@ mod planted {
             "memory".into()
         }
 
-        fn location(&self, key: &LockKey) -> String {
-            key.name()
+        fn location(&self, key: &LockKey) -> Place {
+            Place::at(key.name())
         }
 
         fn read(&self, key: &LockKey) -> Result<Current> {
@@ -939,11 +939,11 @@ mod planted {
             Ok(Some(self.state.lock().unwrap().1).filter(|f| *f > 0))
         }
 
-        fn update<T>(
+        fn update<K, W>(
             &self,
             key: &LockKey,
-            decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
-        ) -> Result<Committed<T>> {
+            decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+        ) -> Result<Committed<K, W>> {
             let name = key.name();
             let mut g = self.state.lock().unwrap();
             let current = g.0.get(&name).cloned().unwrap_or(Current::Free);
@@ -958,26 +958,25 @@ mod planted {
                 g = self.state.lock().unwrap();
                 d
             };
-            let written = match decision.change.clone() {
-                Change::Keep => None,
-                Change::Create(mut r) | Change::Takeover(mut r) => {
+            let committed = match decision {
+                Decision::Keep(outcome, _) => Committed::Done(outcome),
+                Decision::Acquire(acq) => {
                     g.1 += 1;
-                    r.holder.fence = g.1;
-                    Some(r)
+                    Committed::Wrote(acq.then, Written::acquired(acq.record, g.1, None))
                 }
-                Change::Rewrite(r) => Some(r),
-                Change::Delete => {
+                Decision::Renew(renewal) => {
+                    let (then, written) = renewal.into_written();
+                    Committed::Wrote(then, written)
+                }
+                Decision::Delete(outcome, _) => {
                     g.0.remove(&name);
-                    None
+                    Committed::Done(outcome)
                 }
             };
-            if let Some(r) = &written {
-                g.0.insert(name, Current::Held(Seen::recorded(r.clone())));
+            if let Committed::Wrote(_, w) = &committed {
+                g.0.insert(name, Current::Held(Seen::recorded(w.record.clone())));
             }
-            Ok(Committed {
-                value: decision.value,
-                written: written.map(Written::as_given),
-            })
+            Ok(committed)
         }
 
         fn visit_locks(&self, _: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {

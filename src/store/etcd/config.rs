@@ -5,11 +5,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::DEFAULT_TIMEOUT;
 use super::client::{Security, Tls};
 use super::proxy::{self, NoProxy, Proxy};
 use crate::error::{Error, Result};
 use crate::vars::{Vars, var};
+
+/// Default time within which a command must get an answer.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connection settings of an etcd store.
 #[derive(Debug, Clone, PartialEq, Eq)]

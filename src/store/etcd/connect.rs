@@ -3,11 +3,23 @@
 //! endpoint never fails a command another endpoint answers.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::EtcdStore;
-use super::client::{CallFailure, Client};
+use super::client::{CallFailure, Client, Security};
+use super::config::{EtcdConfig, security};
 use crate::error::{Error, Result};
+
+/// The cluster a store talks to: its configuration, the TLS material and
+/// credentials (read once), the client runtime, and the connected client
+/// with the index of its endpoint (connected lazily, on the first call).
+#[derive(Clone)]
+pub(super) struct Cluster {
+    pub(super) config: EtcdConfig,
+    security: Arc<Security>,
+    runtime: Arc<tokio::runtime::Runtime>,
+    client: Arc<Mutex<Option<(Client, usize)>>>,
+}
 
 /// The proxy refused to tunnel to every endpoint (SPEC §8: the sandbox's
 /// proxy allows only the hosts it was told to).
@@ -26,7 +38,32 @@ pub(super) fn unavailable(what: impl std::fmt::Display) -> Error {
     ))
 }
 
-impl EtcdStore {
+impl Cluster {
+    /// Reads the TLS files `config` names and starts the client runtime;
+    /// connects nothing yet.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for an unreadable TLS file; [`Error::Internal`] when no
+    /// runtime can be built.
+    pub(super) fn open(config: EtcdConfig) -> Result<Self> {
+        let security = security(&config)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start the etcd client runtime: {e}")))?;
+        Ok(Self {
+            config,
+            security: Arc::new(security),
+            runtime: Arc::new(runtime),
+            client: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// Runs `work` to completion on the client runtime.
+    pub(super) fn block_on<F: Future>(&self, work: F) -> F::Output {
+        self.runtime.block_on(work)
+    }
+
     /// The connected client, connecting to the first endpoint that answers
     /// (starting after `skip`, the one that just failed). An endpoint the
     /// proxy refused to tunnel to is a definite answer: not tried again in

@@ -4,13 +4,15 @@
 use std::collections::HashSet;
 
 use super::client::{self, CallFailure, Client};
-use super::connect::CallError;
+use super::connect::{CallError, Cluster};
 use super::proto::range_request::{SortOrder, SortTarget};
 use super::proto::{KeyValue, RangeRequest, TxnRequest};
-use super::{EtcdStore, HISTORY_KEEP};
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::record::{Timestamp, random_suffix};
+
+/// History events kept at least (the store trims back to this).
+pub const HISTORY_KEEP: i64 = 10_000;
 
 /// History events read in one request at most (a page of the longest
 /// events this tool writes stays well under gRPC's 4 MiB message limit).
@@ -31,33 +33,37 @@ pub(super) fn history_key(prefix: &str, time: Timestamp) -> String {
     format!("{prefix}history/{ns:020}-{}", random_suffix())
 }
 
-impl EtcdStore {
-    /// The newest `limit` events, oldest first, of the lock `name` or of all.
-    pub(super) fn read_history(&self, name: Option<&str>, limit: usize) -> Result<Vec<Event>> {
-        let prefix = format!("{}history/", self.config.prefix);
-        self.call(|mut c, _| {
-            let prefix = prefix.clone();
-            let name = name.map(str::to_owned);
-            async move { newest_events(&mut c, &prefix, name.as_deref(), limit).await }
-        })
-    }
+/// The newest `limit` events under `prefix` (`<prefix>history/`), oldest
+/// first, of the lock `name` or of all.
+pub(super) fn read_history(
+    cluster: &Cluster,
+    prefix: &str,
+    name: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Event>> {
+    cluster.call(|mut c, _| {
+        let prefix = prefix.to_owned();
+        let name = name.map(str::to_owned);
+        async move { newest_events(&mut c, &prefix, name.as_deref(), limit).await }
+    })
+}
 
-    /// The history events of a change as (key, JSON). The events of a new
-    /// acquisition carry no fence: it is the transaction's revision, which
-    /// [`EtcdStore::history`] tells from the key's create revision.
-    pub(super) fn history_ops(
-        &self,
-        events: &[Event],
-    ) -> Result<Vec<(String, Vec<u8>)>, CallError> {
-        events
-            .iter()
-            .map(|ev| {
-                let line = serde_json::to_vec(ev)
-                    .map_err(|e| CallError::Fatal(Error::Internal(e.to_string())))?;
-                Ok((history_key(&self.config.prefix, ev.time), line))
-            })
-            .collect()
-    }
+/// The history events of a change as (key under the store's `prefix`,
+/// JSON). The events of a new acquisition carry no fence
+/// ([`crate::store::EventFence::AtCommit`]): it is the transaction's
+/// revision, which a read tells from the key's create revision.
+pub(super) fn history_ops(
+    prefix: &str,
+    events: &[Event],
+) -> Result<Vec<(String, Vec<u8>)>, CallError> {
+    events
+        .iter()
+        .map(|ev| {
+            let line = serde_json::to_vec(ev)
+                .map_err(|e| CallError::Fatal(Error::Internal(e.to_string())))?;
+            Ok((history_key(prefix, ev.time), line))
+        })
+        .collect()
 }
 
 /// Keeps the history bounded: after every change, count the events; past

@@ -1,64 +1,16 @@
-//! etcd leases: what a read makes of a lease's remaining time, the lease
-//! a change is written on (a short one first for a new acquisition, then
-//! its full ttl), and the clean-up of leases no key uses any more.
+//! etcd leases: the lease a change is written on (a short one first for a
+//! new acquisition, then its full ttl), and the clean-up of leases no key
+//! uses any more.
 
 use std::time::{Duration, Instant};
 
-use super::EtcdStore;
 use super::client::{self, Client};
-use super::connect::CallError;
+use super::connect::{CallError, Cluster};
 use super::history::trim_history;
 use super::proto::TxnRequest;
-use super::read::View;
 use crate::lease::Now;
-use crate::record::{OwnerRecord, Timestamp};
-use crate::store::{Change, Written};
-
-/// The lease end of a key whose lease has `ttl` whole seconds left as the
-/// cluster counts them (-1: the lease is gone) of the `granted` it was given,
-/// read between `before` and `after` on this host's clock; `told` is the
-/// `expires` its record says, the one its holder was told.
-///
-/// A member whose lessor is not the primary (a demoted leader, a new leader
-/// before it promotes its leases) answers a live lease's remaining time as
-/// "never" (`i64::MAX` ns, about 292 years): more than was granted is no
-/// reading at all. The lease is alive with an unknown remainder of at most
-/// what was granted: a decision holds it that long.
-///
-/// A reader is shown a lower bound of the lease's end: `ttl` from before
-/// the request (the count is truncated), raised to `told` where the cluster
-/// allows it (never past `ttl` plus the truncated second from after the
-/// answer, nor `granted` for an unknown remainder). `told` is the grant's
-/// earliest end, so it is a lower bound too; without it a reader whose
-/// request straddles a second could call a live lease expired up to two
-/// seconds before its holder's `expires`.
-pub(super) fn lease_end(
-    ttl: i64,
-    granted: i64,
-    view: View,
-    before: &Now,
-    after: &Now,
-    told: Timestamp,
-) -> Timestamp {
-    if ttl < 0 {
-        return Timestamp(before.wall().0.saturating_sub(1));
-    }
-    let unknown = granted > 0 && ttl > granted;
-    match view {
-        View::Reader => {
-            let (least, most) = if unknown { (0, granted) } else { (ttl, ttl) };
-            let lo = before.wall().0.saturating_add(least);
-            let hi = after.wall().0.saturating_add(most).saturating_add(1);
-            Timestamp(lo.max(told.0.min(hi)))
-        }
-        // Truncated: up to a second more is left; and one more so that a
-        // decision made just after this read sees it alive.
-        View::Decision => {
-            let ttl = if unknown { granted } else { ttl };
-            Timestamp(after.wall().0.saturating_add(ttl).saturating_add(2))
-        }
-    }
-}
+use crate::record::{Holder, Timestamp};
+use crate::store::Written;
 
 /// An acquisition written on the short lease, to be moved onto a lease of
 /// its full ttl once its answer is known.
@@ -117,17 +69,16 @@ pub(super) async fn grant(c: &mut Client, ttl: u64) -> Result<Granted, CallError
 
 impl Granted {
     /// The record says the lease it is on: the ttl granted and its earliest end.
-    fn stamp(&self, rec: &mut OwnerRecord) {
-        rec.holder.ttl = self.ttl;
-        rec.holder.expires = self.expires;
-        rec.holder.deadline_boot_ms = None;
+    fn stamp<F>(&self, holder: &mut Holder<F>) {
+        holder.ttl = self.ttl;
+        holder.expires = self.expires;
+        holder.deadline_boot_ms = None;
     }
 }
 
-/// The lease a change's record is written on, and the record stamped with it.
+/// The lease a change's record is written on.
 pub(super) struct Leased {
     pub(super) id: i64,
-    pub(super) record: OwnerRecord,
     /// An acquisition on the short lease: the ttl it asked for.
     pub(super) extend: Option<u64>,
     /// The `expires` its events say: the lease asked for, from the grant's start.
@@ -138,155 +89,101 @@ pub(super) struct Leased {
 /// within what is left of the command's deadline.
 pub(super) const CLEANUP: Duration = Duration::from_secs(1);
 
-impl EtcdStore {
-    /// The lease an acquisition is first written on (whole seconds, the
-    /// deadline rounded up): an acquisition whose answer is lost is written on
-    /// it, so a lock whose token was never printed frees itself within the
-    /// command's time bound; the full ttl comes once the answer is known.
-    pub(super) fn short_ttl(&self) -> u64 {
-        short_ttl(self.config.timeout)
-    }
+/// Grants the lease a record is written on, and stamps `holder` with it:
+/// a new acquisition (`acquisition`) longer than the short lease (whole
+/// seconds, the cluster's command deadline rounded up, [`short_ttl`]) is
+/// written on the short lease first: an acquisition whose answer is lost is
+/// written on it, so a lock whose token was never printed frees itself
+/// within the command's time bound; the full ttl comes once the answer is
+/// known ([`extend`]).
+pub(super) async fn lease_for<F>(
+    cluster: &Cluster,
+    c: &mut Client,
+    holder: &mut Holder<F>,
+    acquisition: bool,
+) -> Result<Leased, CallError> {
+    let wanted = holder.ttl;
+    let short = short_ttl(cluster.config.timeout);
+    let extend = (acquisition && wanted > short).then_some(wanted);
+    let granted = grant(c, extend.map_or(wanted, |_| short)).await?;
+    granted.stamp(holder);
+    let more = extend.map_or(0, |w| w.saturating_sub(granted.ttl));
+    let shown = Timestamp(
+        granted
+            .expires
+            .0
+            .saturating_add(i64::try_from(more).unwrap_or(0)),
+    );
+    Ok(Leased {
+        id: granted.id,
+        extend,
+        shown,
+    })
+}
 
-    /// Grants the lease a change that writes a record is written on: a new
-    /// acquisition longer than the short lease is written on the short
-    /// lease first (see `short_ttl`). `None` for a change that writes none.
-    pub(super) async fn lease_for(
-        &self,
-        c: &mut Client,
-        change: &Change,
-    ) -> Result<Option<Leased>, CallError> {
-        let (mut record, acquisition) = match change {
-            Change::Create(r) | Change::Takeover(r) => (r.clone(), true),
-            Change::Rewrite(r) => (r.clone(), false),
-            Change::Keep | Change::Delete => return Ok(None),
-        };
-        let wanted = record.holder.ttl;
-        let short = self.short_ttl();
-        let extend = (acquisition && wanted > short).then_some(wanted);
-        let granted = grant(c, extend.map_or(wanted, |_| short)).await?;
-        granted.stamp(&mut record);
-        let more = extend.map_or(0, |w| w.saturating_sub(granted.ttl));
-        let shown = Timestamp(
-            granted
-                .expires
-                .0
-                .saturating_add(i64::try_from(more).unwrap_or(0)),
-        );
-        if acquisition {
-            record.holder.fence = 0; // the fence is the key's mod_revision
+/// Moves an acquisition from its short lease onto a lease of its full
+/// ttl: one transaction guarded by the revision the acquisition wrote,
+/// so it never touches a lock that changed since. What it wrote then,
+/// or `None` when it stays on the short lease (the guard failed, or the
+/// answer was lost: the holder is told the short lease, which it
+/// certainly has).
+pub(super) async fn extend(
+    c: &mut Client,
+    k: &str,
+    written: &Written,
+    ext: &Extension,
+) -> Option<Written> {
+    let full = grant(c, ext.ttl).await.ok()?;
+    let mut new = written.record.clone();
+    full.stamp(&mut new.holder);
+    let Ok(bytes) = new.to_bytes() else {
+        let _ = c.lease_revoke(full.id).await;
+        return None;
+    };
+    let txn = TxnRequest {
+        compare: vec![client::modified_at(k, ext.revision)],
+        success: vec![client::put(k, bytes, full.id)],
+        failure: Vec::new(),
+    };
+    match c.txn(txn).await {
+        Ok(resp) if resp.succeeded => {
+            let _ = c.lease_revoke(ext.lease).await;
+            Some(Written {
+                record: new,
+                prior_fence: written.prior_fence,
+            })
         }
-        Ok(Some(Leased {
-            id: granted.id,
-            record,
-            extend,
-            shown,
-        }))
-    }
-
-    /// Moves an acquisition from its short lease onto a lease of its full
-    /// ttl: one transaction guarded by the revision the acquisition wrote,
-    /// so it never touches a lock that changed since. The record as it is
-    /// then, or `None` when it stays on the short lease (the guard failed,
-    /// or the answer was lost: the holder is told the short lease, which it
-    /// certainly has).
-    pub(super) async fn extend(
-        &self,
-        c: &mut Client,
-        k: &str,
-        rec: &OwnerRecord,
-        ext: &Extension,
-    ) -> Option<Written> {
-        let full = grant(c, ext.ttl).await.ok()?;
-        let mut new = rec.clone();
-        full.stamp(&mut new);
-        let Ok(bytes) = new.to_bytes() else {
+        Ok(_) => {
             let _ = c.lease_revoke(full.id).await;
-            return None;
-        };
-        let txn = TxnRequest {
-            compare: vec![client::modified_at(k, ext.revision)],
-            success: vec![client::put(k, bytes, full.id)],
-            failure: Vec::new(),
-        };
-        match c.txn(txn).await {
-            Ok(resp) if resp.succeeded => {
-                let _ = c.lease_revoke(ext.lease).await;
-                Some(Written::as_given(new))
-            }
-            Ok(_) => {
-                let _ = c.lease_revoke(full.id).await;
-                None
-            }
-            // Unknown: it may have moved; either lease it is on is the
-            // holder's, and the short one is the one it surely has.
-            Err(_) => None,
+            None
         }
+        // Unknown: it may have moved; either lease it is on is the
+        // holder's, and the short one is the one it surely has.
+        Err(_) => None,
     }
+}
 
-    /// After a committed change: revoke the lease the lock no longer uses
-    /// and keep the history bounded, within their own short budget and the
-    /// command's deadline (the change is done; a failure here is harmless:
-    /// a lease with no key on it just runs out, the next change trims).
-    pub(super) async fn clean_up(&self, c: &mut Client, old_lease: i64, deadline: Instant) {
-        let budget = CLEANUP.min(deadline.saturating_duration_since(Instant::now()));
-        if budget.is_zero() {
-            return;
-        }
-        let work = async {
-            if old_lease != 0 {
-                let _ = c.lease_revoke(old_lease).await;
-            }
-            trim_history(c, &self.config.prefix).await;
-        };
-        let _ = tokio::time::timeout(budget, work).await;
+/// After a committed change: revoke the lease the lock no longer uses
+/// and keep the history bounded, within their own short budget and the
+/// command's deadline (the change is done; a failure here is harmless:
+/// a lease with no key on it just runs out, the next change trims).
+pub(super) async fn clean_up(c: &mut Client, prefix: &str, old_lease: i64, deadline: Instant) {
+    let budget = CLEANUP.min(deadline.saturating_duration_since(Instant::now()));
+    if budget.is_zero() {
+        return;
     }
+    let work = async {
+        if old_lease != 0 {
+            let _ = c.lease_revoke(old_lease).await;
+        }
+        trim_history(c, prefix).await;
+    };
+    let _ = tokio::time::timeout(budget, work).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_live_lease_is_never_read_as_expired_by_a_decision_nor_overstated_to_a_reader() {
-        let before = Now {
-            wall_ms: 1_000_000_500,
-            boot: None,
-        };
-        let after = Now {
-            wall_ms: 1_000_001_700,
-            boot: None,
-        };
-        let long_ago = Timestamp(0);
-        // 0 s left (truncated): alive, so a decision made after the read sees it held.
-        let end = lease_end(0, 2, View::Decision, &before, &after, long_ago);
-        assert!(end.0 * 1000 > after.wall_ms + 500);
-        // A reader is told no more than the truncated TTL, counted from before the request...
-        assert_eq!(
-            lease_end(4, 5, View::Reader, &before, &after, long_ago).0,
-            1_000_000 + 4
-        );
-        // ...raised to the expires its holder was told, within what the cluster allows.
-        let told = Timestamp(1_000_005);
-        assert_eq!(lease_end(4, 5, View::Reader, &before, &after, told), told);
-        let far = Timestamp(1_000_100);
-        assert_eq!(
-            lease_end(4, 5, View::Reader, &before, &after, far).0,
-            1_000_001 + 4 + 1
-        );
-        // A lease that is gone is expired for both.
-        for view in [View::Reader, View::Decision] {
-            assert!(lease_end(-1, 5, view, &before, &after, told).0 * 1000 < before.wall_ms);
-        }
-        // "Never" from a member whose lessor is not the primary (ETCD-1 of
-        // the nemesis test): alive, for no more than was granted.
-        let never = 9_223_372_036;
-        let held = lease_end(never, 2, View::Decision, &before, &after, long_ago);
-        assert!(held.0 * 1000 > after.wall_ms && held.0 <= after.wall().0 + 2 + 2);
-        let read = |told| lease_end(never, 2, View::Reader, &before, &after, told);
-        assert!(read(long_ago).0 * 1000 <= before.wall_ms + 1000);
-        assert_eq!(read(Timestamp(1_000_002)), Timestamp(1_000_002));
-        assert_eq!(read(far), Timestamp(1_000_001 + 2 + 1));
-    }
 
     #[test]
     fn the_expires_told_is_the_earliest_end_of_the_lease_granted() {

@@ -13,9 +13,8 @@
 
 use std::collections::BTreeMap;
 
-use super::EtcdStore;
 use super::client::{self, CallFailure, Client};
-use super::connect::CallError;
+use super::connect::{CallError, Cluster};
 use super::proto::{KeyValue, RangeRequest};
 use super::read::{Lookup, View, judge, lookup, read_key};
 use crate::error::{Error, Result};
@@ -26,15 +25,13 @@ use crate::store::{Current, Listed};
 /// writes (at most a few KiB each) stays far below gRPC's 4 MiB.
 pub(super) const LIST_PAGE: i64 = 100;
 
-impl EtcdStore {
-    /// Every lock, read a page at a time (and each page's leases).
-    pub(super) fn list_locks(&self) -> Result<Vec<Listed>> {
-        let prefix = format!("{}locks/", self.config.prefix);
-        self.call(|mut c, _| {
-            let prefix = prefix.clone();
-            async move { list_pages(&mut c, &prefix).await }
-        })
-    }
+/// Every lock under `prefix` (`<store prefix>locks/`), read a page at a
+/// time (and each page's leases).
+pub(super) fn list_locks(cluster: &Cluster, prefix: &str) -> Result<Vec<Listed>> {
+    cluster.call(|mut c, _| {
+        let prefix = prefix.to_owned();
+        async move { list_pages(&mut c, &prefix).await }
+    })
 }
 
 /// The range request of one page: keys from `from` to the end of `prefix`.

@@ -24,15 +24,15 @@
 //! false `acquired`. The tokio runtime and the gRPC client exist only when an
 //! `etcd://` store is chosen; the file store never builds them.
 //!
-//! The files: `config` (the URL and its variables), `connect` (endpoints
-//! and deadlines), `read` (a key and its lease, judged; a lookup that
-//! raced a revoke is read again), `round` (read-decide-act and settling a
-//! lost answer),
-//! `leases` (lease ends, grants, the short lease), `history`, `list`,
-//! `client` (the gRPC calls) and the generated `proto`.
-
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+//! The files, each using only those after it (no module calls back up):
+//! this one holds [`EtcdStore`] and its [`Store`] methods, which call
+//! `round` (read-decide-act and settling a lost answer), `list` and
+//! `history`; then `leases` (the lease a change is written on, the short
+//! lease, clean-up), `history` (event keys, paged reads, trimming), `read`
+//! (a key and its lease, judged; a lookup that raced a revoke is read
+//! again), `connect` (the `Cluster`: endpoints and deadlines), `config`
+//! (the URL and its variables), `client` (the gRPC calls), `tunnel`,
+//! `proxy` and the generated `proto`.
 
 mod client;
 mod config;
@@ -47,38 +47,28 @@ mod read;
 mod round;
 mod tunnel;
 
-use client::{Client, Security};
-pub use config::EtcdConfig;
-use config::security;
+pub use config::{DEFAULT_TIMEOUT, EtcdConfig};
+use connect::Cluster;
+pub use history::HISTORY_KEEP;
 use read::{View, read_key};
 use round::read_marker;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::history::Event;
 use crate::key::LockKey;
-use crate::store::{Committed, Current, Decision, Listed, Store};
-
-/// Default time within which a command must get an answer.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-/// History events kept at least (the store trims back to this).
-pub const HISTORY_KEEP: i64 = 10_000;
+use crate::store::{Committed, Current, Decision, Listed, Place, Store};
 
 /// The etcd store.
 #[derive(Clone)]
 pub struct EtcdStore {
-    config: EtcdConfig,
+    cluster: Cluster,
     url: String,
-    /// TLS material and credentials, read once.
-    security: Arc<Security>,
-    runtime: Arc<tokio::runtime::Runtime>,
-    /// The connected client and the index of its endpoint.
-    client: Arc<Mutex<Option<(Client, usize)>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")
-            .field("config", &self.config)
+            .field("config", &self.cluster.config)
             .finish_non_exhaustive()
     }
 }
@@ -88,32 +78,28 @@ impl EtcdStore {
     /// client runtime; connects lazily, on the first operation.
     ///
     /// # Errors
-    /// [`Error::Io`] for an unreadable TLS file; [`Error::Internal`] when no
+    /// [`crate::error::Error::Io`] for an unreadable TLS file; [`crate::error::Error::Internal`] when no
     /// runtime can be built.
     pub fn open(config: EtcdConfig) -> Result<Self> {
         let url = config.url.clone();
-        let security = security(&config)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start the etcd client runtime: {e}")))?;
         Ok(Self {
-            config,
+            cluster: Cluster::open(config)?,
             url,
-            security: Arc::new(security),
-            runtime: Arc::new(runtime),
-            client: Arc::new(Mutex::new(None)),
         })
     }
 
+    fn prefix(&self) -> &str {
+        &self.cluster.config.prefix
+    }
+
     fn lock_key(&self, key: &LockKey) -> String {
-        format!("{}locks/{}", self.config.prefix, key.name())
+        format!("{}locks/{}", self.prefix(), key.name())
     }
 
     /// The lock's fence marker (outside `locks/` and `history/`, so `list`
     /// and `history` never see it).
     fn fence_key(&self, key: &LockKey) -> String {
-        format!("{}fences/{}", self.config.prefix, key.name())
+        format!("{}fences/{}", self.prefix(), key.name())
     }
 }
 
@@ -122,13 +108,13 @@ impl Store for EtcdStore {
         self.url.clone()
     }
 
-    fn location(&self, key: &LockKey) -> String {
-        self.lock_key(key)
+    fn location(&self, key: &LockKey) -> Place {
+        Place::at(self.lock_key(key))
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {
         let k = self.lock_key(key);
-        self.call(|mut c, _| {
+        self.cluster.call(|mut c, _| {
             let k = k.clone();
             async move { read_key(&mut c, &k, View::Reader).await.map(|s| s.current) }
         })
@@ -139,27 +125,34 @@ impl Store for EtcdStore {
     /// names no acquisition that a later read of the lock does not show.
     fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
         let mk = self.fence_key(key);
-        let revision = self.call(|mut c, _| {
+        let revision = self.cluster.call(|mut c, _| {
             let mk = mk.clone();
             async move { read_marker(&mut c, &mk).await }
         })?;
         Ok(u64::try_from(revision).ok().filter(|f| *f > 0))
     }
 
-    fn update<T>(
+    fn update<K, W>(
         &self,
         key: &LockKey,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
-    ) -> Result<Committed<T>> {
-        self.update_key(key, decide)
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+    ) -> Result<Committed<K, W>> {
+        round::update(
+            &self.cluster,
+            (&self.lock_key(key), &self.fence_key(key)),
+            decide,
+        )
     }
 
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
-        crate::store::visit_in_order(self.list_locks()?, visit)?;
+        let locks = list::list_locks(&self.cluster, &format!("{}locks/", self.prefix()))?;
+        crate::store::visit_in_order(locks, visit)?;
         Ok(0)
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
-        self.read_history(key.map(LockKey::name).as_deref(), limit)
+        let prefix = format!("{}history/", self.prefix());
+        let name = key.map(LockKey::name);
+        history::read_history(&self.cluster, &prefix, name.as_deref(), limit)
     }
 }

@@ -17,12 +17,57 @@
 
 use super::client::{self, Client};
 use super::connect::CallError;
-use super::leases::lease_end;
 use super::proto::KeyValue;
 use crate::error::Error;
 use crate::lease::Now;
 use crate::record::{OwnerRecord, Timestamp};
 use crate::store::{Current, Identity, LeaseEnd, Seen};
+
+/// The lease end of a key whose lease has `ttl` whole seconds left as the
+/// cluster counts them (-1: the lease is gone) of the `granted` it was given,
+/// read between `before` and `after` on this host's clock; `told` is the
+/// `expires` its record says, the one its holder was told.
+///
+/// A member whose lessor is not the primary (a demoted leader, a new leader
+/// before it promotes its leases) answers a live lease's remaining time as
+/// "never" (`i64::MAX` ns, about 292 years): more than was granted is no
+/// reading at all. The lease is alive with an unknown remainder of at most
+/// what was granted: a decision holds it that long.
+///
+/// A reader is shown a lower bound of the lease's end: `ttl` from before
+/// the request (the count is truncated), raised to `told` where the cluster
+/// allows it (never past `ttl` plus the truncated second from after the
+/// answer, nor `granted` for an unknown remainder). `told` is the grant's
+/// earliest end, so it is a lower bound too; without it a reader whose
+/// request straddles a second could call a live lease expired up to two
+/// seconds before its holder's `expires`.
+pub(super) fn lease_end(
+    ttl: i64,
+    granted: i64,
+    view: View,
+    before: &Now,
+    after: &Now,
+    told: Timestamp,
+) -> Timestamp {
+    if ttl < 0 {
+        return Timestamp(before.wall().0.saturating_sub(1));
+    }
+    let unknown = granted > 0 && ttl > granted;
+    match view {
+        View::Reader => {
+            let (least, most) = if unknown { (0, granted) } else { (ttl, ttl) };
+            let lo = before.wall().0.saturating_add(least);
+            let hi = after.wall().0.saturating_add(most).saturating_add(1);
+            Timestamp(lo.max(told.0.min(hi)))
+        }
+        // Truncated: up to a second more is left; and one more so that a
+        // decision made just after this read sees it alive.
+        View::Decision => {
+            let ttl = if unknown { granted } else { ttl };
+            Timestamp(after.wall().0.saturating_add(ttl).saturating_add(2))
+        }
+    }
+}
 
 /// Reads of one key at most, the first included: a lease lookup that
 /// contradicts the record is checked by reading the key again, and a key
@@ -133,6 +178,9 @@ pub(super) fn judge(
     let current = match OwnerRecord::parse(&kv.value) {
         Err(why) => Current::Corrupt(why),
         Ok(mut rec) => {
+            // Stored with fence 0: an acquisition, whose fence is the
+            // revision of its own transaction (`round::acquisition`); a
+            // renewal or extension writes it out.
             if rec.holder.fence == 0 {
                 rec.holder.fence = u64::try_from(kv.mod_revision).unwrap_or(0);
             }
@@ -197,6 +245,48 @@ pub(super) fn revisions_never_went_back(fence: u64, revision: i64) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_live_lease_is_never_read_as_expired_by_a_decision_nor_overstated_to_a_reader() {
+        let before = Now {
+            wall_ms: 1_000_000_500,
+            boot: None,
+        };
+        let after = Now {
+            wall_ms: 1_000_001_700,
+            boot: None,
+        };
+        let long_ago = Timestamp(0);
+        // 0 s left (truncated): alive, so a decision made after the read sees it held.
+        let end = lease_end(0, 2, View::Decision, &before, &after, long_ago);
+        assert!(end.0 * 1000 > after.wall_ms + 500);
+        // A reader is told no more than the truncated TTL, counted from before the request...
+        assert_eq!(
+            lease_end(4, 5, View::Reader, &before, &after, long_ago).0,
+            1_000_000 + 4
+        );
+        // ...raised to the expires its holder was told, within what the cluster allows.
+        let told = Timestamp(1_000_005);
+        assert_eq!(lease_end(4, 5, View::Reader, &before, &after, told), told);
+        let far = Timestamp(1_000_100);
+        assert_eq!(
+            lease_end(4, 5, View::Reader, &before, &after, far).0,
+            1_000_001 + 4 + 1
+        );
+        // A lease that is gone is expired for both.
+        for view in [View::Reader, View::Decision] {
+            assert!(lease_end(-1, 5, view, &before, &after, told).0 * 1000 < before.wall_ms);
+        }
+        // "Never" from a member whose lessor is not the primary (ETCD-1 of
+        // the nemesis test): alive, for no more than was granted.
+        let never = 9_223_372_036;
+        let held = lease_end(never, 2, View::Decision, &before, &after, long_ago);
+        assert!(held.0 * 1000 > after.wall_ms && held.0 <= after.wall().0 + 2 + 2);
+        let read = |told| lease_end(never, 2, View::Reader, &before, &after, told);
+        assert!(read(long_ago).0 * 1000 <= before.wall_ms + 1000);
+        assert_eq!(read(Timestamp(1_000_002)), Timestamp(1_000_002));
+        assert_eq!(read(far), Timestamp(1_000_001 + 2 + 1));
+    }
 
     #[test]
     fn a_fence_past_the_clusters_revision_is_refused() {

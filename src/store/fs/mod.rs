@@ -59,11 +59,13 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
-use crate::history::{Event, EventKind};
+use crate::history::Event;
 use crate::key::{COMPONENT_MAX, LockKey, is_digest_stem};
 use crate::liveness::{self, Origin};
-use crate::record::{OwnerRecord, random_suffix};
-use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
+use crate::record::{NewRecord, OwnerRecord, random_suffix};
+use crate::store::{
+    Acquisition, Committed, Current, Decision, Listed, Place, Stamp, Store, Written,
+};
 use layer::{Dir, Location, Open};
 use read::RECORD;
 
@@ -333,16 +335,11 @@ impl Parts {
     }
 
     /// Gives `rec` the lock's next fence, written to the counter first, so
-    /// the counter never falls behind a published fence; also returns the
-    /// fence it follows (`None`: the store knew of no acquisition).
-    fn with_next_fence(
-        &self,
-        key: &LockKey,
-        mut rec: OwnerRecord,
-        seen_fence: u64,
-    ) -> Result<(OwnerRecord, Option<u64>)> {
+    /// the counter never falls behind a published fence: what it will have
+    /// written, with the fence it follows (`None`: the store knew of no
+    /// acquisition).
+    fn with_next_fence(&self, key: &LockKey, rec: &NewRecord, seen_fence: u64) -> Result<Written> {
         let (prior, fence) = self.next_fence(key, seen_fence)?;
-        rec.holder.fence = fence;
         let stem = key.file_stem();
         self.keys.replace(
             &format!("{stem}.fence.tmp"),
@@ -357,7 +354,8 @@ impl Parts {
                 key.name().as_bytes(),
             )?;
         }
-        Ok((rec, Some(prior).filter(|p| *p > 0)))
+        let prior = Some(prior).filter(|p| *p > 0);
+        Ok(Written::acquired(rec.clone(), fence, prior))
     }
 
     /// Builds a complete lock directory `tmp/<name>` for `rec`.
@@ -431,19 +429,19 @@ impl Parts {
     fn publish(
         &self,
         key: &LockKey,
-        rec: OwnerRecord,
+        rec: &NewRecord,
         bury_first: bool,
         seen_fence: u64,
         buried: &mut bool,
     ) -> Result<Written> {
-        let (rec, prior) = self.with_next_fence(key, rec, seen_fence)?;
-        self.build(key, &rec)?;
+        let written = self.with_next_fence(key, rec, seen_fence)?;
+        self.build(key, &written.record)?;
         *buried = bury_first && self.bury(key)?;
         let lock = lock_name(key);
         self.tmp
             .rename(&key.file_stem(), &self.locks, &lock, true)
             .map_err(|e| Error::io("publish", self.locks.join(&lock), e))?;
-        Ok(Written::as_given(rec).with_prior(prior))
+        Ok(written)
     }
 
     fn append_history(&self, events: &[Event]) {
@@ -452,56 +450,68 @@ impl Parts {
         }
     }
 
-    fn apply(
+    /// Writes a new acquisition on `current`. A stale lock with a record is
+    /// taken over in place, as a renew rewrites it: the lock never passes
+    /// through "free" on the way from its old holder to its new one, so a
+    /// reader without the guard (status, check, a release's first look)
+    /// never sees it free. Only a damaged lock (no directory with a record
+    /// file) is buried first; it was held by no one.
+    fn acquire<W>(
         &self,
         key: &LockKey,
         current: &Current,
-        change: Change,
+        acq: &Acquisition<W>,
         buried: &mut bool,
-    ) -> Result<Option<Written>> {
+    ) -> Result<Written> {
         let seen_fence = current.record().map_or(0, |r| r.holder.fence);
-        match change {
-            Change::Keep => Ok(None),
-            Change::Create(rec) => self.publish(key, rec, false, seen_fence, buried).map(Some),
-            // A stale lock with a record is taken over in place, as a renew
-            // rewrites it: the lock never passes through "free" on the way
-            // from its old holder to its new one, so a reader without the
-            // guard (status, check, a release's first look) never sees it
-            // free. Only a damaged lock (no directory with a record file)
-            // is buried first; it was held by no one.
-            Change::Takeover(rec) if matches!(current, Current::Held(_)) => {
-                let (rec, prior) = self.with_next_fence(key, rec, seen_fence)?;
-                self.replace_record(key, &rec)?;
-                Ok(Some(Written::as_given(rec).with_prior(prior)))
+        match current {
+            Current::Held(_) if acq.takes_over() => {
+                let written = self.with_next_fence(key, &acq.record, seen_fence)?;
+                self.replace_record(key, &written.record)?;
+                Ok(written)
             }
-            Change::Takeover(rec) => self.publish(key, rec, true, seen_fence, buried).map(Some),
-            Change::Rewrite(rec) => {
-                self.replace_record(key, &rec)?;
-                Ok(Some(Written::as_given(rec)))
-            }
-            Change::Delete => {
-                self.bury(key)?;
-                Ok(None)
-            }
+            _ => self.publish(key, &acq.record, acq.takes_over(), seen_fence, buried),
         }
     }
-}
 
-/// The history of a takeover that removed the stale lock but could not
-/// publish the new one: exactly that, and nothing more.
-fn buried_only<T>(decision: &Decision<T>, e: &Error) -> Vec<Event> {
-    decision
-        .events(None)
-        .into_iter()
-        .filter(|ev| ev.event == EventKind::TookOver)
-        .map(|mut ev| {
-            ev.reason = Some(format!(
-                "{}; the stale lock was removed but the new one was not published: {e}",
-                ev.reason.as_deref().unwrap_or("stale")
-            ));
-            ev
-        })
-        .collect()
+    /// Applies `decision`, made on `current`, and appends its history.
+    fn apply<K, W>(
+        &self,
+        key: &LockKey,
+        current: &Current,
+        decision: Decision<K, W>,
+    ) -> Result<Committed<K, W>> {
+        let (committed, events) = match decision {
+            Decision::Keep(outcome, events) => (Committed::Done(outcome), events),
+            Decision::Delete(outcome, event) => {
+                self.bury(key)?;
+                (Committed::Done(outcome), vec![event])
+            }
+            Decision::Acquire(acq) => {
+                let mut buried = false;
+                match self.acquire(key, current, &acq, &mut buried) {
+                    Ok(written) => {
+                        let events = acq.events(&Stamp::fence(written.record.holder.fence));
+                        (Committed::Wrote(acq.then, written), events)
+                    }
+                    Err(e) => {
+                        if buried {
+                            self.append_history(&acq.interrupted(&e.to_string()));
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            Decision::Renew(renewal) => {
+                self.replace_record(key, renewal.record())?;
+                let events = renewal.events(&renewal.stamp());
+                let (then, written) = renewal.into_written();
+                (Committed::Wrote(then, written), events)
+            }
+        };
+        self.append_history(&events);
+        Ok(committed)
+    }
 }
 
 impl Store for FileStore {
@@ -509,8 +519,8 @@ impl Store for FileStore {
         self.run_path().join("locks").display().to_string()
     }
 
-    fn location(&self, key: &LockKey) -> String {
-        self.lock_path(key).display().to_string()
+    fn location(&self, key: &LockKey) -> Place {
+        Place::at(self.lock_path(key).display().to_string())
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {
@@ -547,44 +557,27 @@ impl Store for FileStore {
         Ok(Some(known).filter(|f| *f > 0))
     }
 
-    fn update<T>(
+    fn update<K, W>(
         &self,
         key: &LockKey,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
-    ) -> Result<Committed<T>> {
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+    ) -> Result<Committed<K, W>> {
         // A decision that a read without the guard settles with nothing to
         // do (releasing a free lock) needs no write at all: it works on a
         // read-only file system. Anything else is decided again, under the guard.
-        if self.read(key)? == Current::Free {
-            let first = decide(&Current::Free)?;
-            if matches!(first.change, Change::Keep) && first.is_silent() {
-                return Ok(Committed {
-                    value: first.value,
-                    written: None,
-                });
-            }
+        if self.read(key)? == Current::Free
+            && let Decision::Keep(outcome, events) = decide(&Current::Free)?
+            && events.is_empty()
+        {
+            return Ok(Committed::Done(outcome));
         }
         let (p, parts) = self.open_parts()?;
         let guard = Self::open_guard(&parts.keys, key)?;
         let current = read::lock_dir(&parts.locks, &lock_name(key))?;
         self.check_coherent(&p, &current)?;
-        let decision = decide(&current)?;
-        let mut buried = false;
-        let written = match parts.apply(key, &current, decision.change.clone(), &mut buried) {
-            Ok(w) => w,
-            Err(e) => {
-                if buried {
-                    parts.append_history(&buried_only(&decision, &e));
-                }
-                return Err(e);
-            }
-        };
-        parts.append_history(&decision.events(written.as_ref().map(|w| w.fence)));
+        let committed = parts.apply(key, &current, decide(&current)?)?;
         drop(guard);
-        Ok(Committed {
-            value: decision.value,
-            written,
-        })
+        Ok(committed)
     }
 
     /// Sorts the lock names first (each is its lowercase key), then reads

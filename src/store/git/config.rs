@@ -2,13 +2,29 @@
 //! the checks every remote passes wherever it came from (no option, no
 //! command-running transport, no credential shown).
 
-#![allow(clippy::wildcard_imports)]
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::*;
+use super::cmd::{self, git_command, run};
 use crate::error::{Error, Result};
 use crate::vars::{Vars, var};
+
+/// Default deadline of one command's git work.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default clock-skew allowance, seconds.
+pub const DEFAULT_CLOCK_SKEW: u64 = 30;
+/// Largest clock-skew allowance accepted, seconds (it must stay well inside
+/// the slack that tells an impossible lease from a long one).
+pub const MAX_CLOCK_SKEW: u64 = 120;
+/// Commits in a lock's chain before a change starts a new root commit
+/// (default of `SKILL_LOCK_GIT_HISTORY_DEPTH`).
+pub const ROLL_DEPTH: u64 = 1000;
+/// Where lock refs live on the remote.
+pub const REF_PREFIX: &str = "refs/skill-lock/";
+/// Where a lock's previous chain is kept after a roll-over.
+pub const ARCHIVE_PREFIX: &str = "refs/skill-lock-archive/";
+/// Archived chains kept per lock (`<archive prefix><name>/<epoch mod this>`).
+pub const ARCHIVE_SLOTS: u64 = 10;
 
 /// Settings of a git store.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,13 +5,14 @@
 //! a process that sees the commit sees all of it, as with `git hash-object`.
 //! A cache of another object format (SHA-256) is written by git instead.
 
-#![allow(clippy::wildcard_imports)]
 use std::io::Write as _;
 use std::path::Path;
 
 use sha1::{Digest, Sha1};
 
-use super::*;
+use super::chain::make_commit_by_git;
+use super::objects::STATE_FILE;
+use super::remote::Remote;
 use crate::error::{Error, Result};
 
 /// The commit's author and committer (the record says who holds the lock).
@@ -93,55 +94,53 @@ fn write_object(objects: &Path, kind: &str, data: &[u8]) -> std::io::Result<Stri
     Ok(name)
 }
 
-impl GitStore {
-    /// Does the cache name its objects by SHA-1 (git's default)? Read once,
-    /// from its config: any other object format is left to git.
-    fn sha1_cache(&self) -> bool {
-        *self.sha1.get_or_init(|| {
-            use std::io::Read as _;
-            let mut text = String::new();
-            let read = std::fs::File::open(self.config.cache.join("config"))
-                .and_then(|f| f.take(64 * 1024).read_to_string(&mut text));
-            read.is_ok()
-                && !text.lines().any(|l| {
-                    let l = l.trim().to_ascii_lowercase();
-                    l.starts_with("objectformat") && !l.ends_with("sha1")
-                })
-        })
-    }
+/// Does the cache name its objects by SHA-1 (git's default)? Read once,
+/// from its config: any other object format is left to git.
+fn sha1_cache(remote: &Remote) -> bool {
+    *remote.sha1.get_or_init(|| {
+        use std::io::Read as _;
+        let mut text = String::new();
+        let read = std::fs::File::open(remote.config.cache.join("config"))
+            .and_then(|f| f.take(64 * 1024).read_to_string(&mut text));
+        read.is_ok()
+            && !text.lines().any(|l| {
+                let l = l.trim().to_ascii_lowercase();
+                l.starts_with("objectformat") && !l.ends_with("sha1")
+            })
+    })
+}
 
-    /// Writes the blob, tree and commit of a new state: in-process into a
-    /// SHA-1 cache, by `git hash-object`, `mktree` and `commit-tree` into
-    /// any other.
-    pub(super) fn make_commit(
-        &self,
-        body: &[u8],
-        parent: Option<&str>,
-        message: &str,
-    ) -> Result<String> {
-        self.ensure_cache()?;
-        if !self.sha1_cache() {
-            return self.make_commit_by_git(body, parent, message);
-        }
-        let objects = self.config.cache.join("objects");
-        let fail = |e: std::io::Error| Error::io("write a git object in", &objects, e);
-        let blob = write_object(&objects, "blob", body).map_err(fail)?;
-        let mut tree = format!("100644 {STATE_FILE}\0").into_bytes();
-        let id: Vec<u8> = (0..20)
-            .filter_map(|i| u8::from_str_radix(blob.get(2 * i..2 * i + 2)?, 16).ok())
-            .collect();
-        tree.extend_from_slice(&id);
-        let tree = write_object(&objects, "tree", &tree).map_err(fail)?;
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "the commit's date, as git would write it: nothing judges by it"
-        )]
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));
-        let text = commit_text(&tree, parent, now, message);
-        write_object(&objects, "commit", text.as_bytes()).map_err(fail)
+/// Writes the blob, tree and commit of a new state: in-process into a
+/// SHA-1 cache, by `git hash-object`, `mktree` and `commit-tree` into
+/// any other.
+pub(super) fn make_commit(
+    remote: &Remote,
+    body: &[u8],
+    parent: Option<&str>,
+    message: &str,
+) -> Result<String> {
+    remote.ensure_cache()?;
+    if !sha1_cache(remote) {
+        return make_commit_by_git(remote, body, parent, message);
     }
+    let objects = remote.config.cache.join("objects");
+    let fail = |e: std::io::Error| Error::io("write a git object in", &objects, e);
+    let blob = write_object(&objects, "blob", body).map_err(fail)?;
+    let mut tree = format!("100644 {STATE_FILE}\0").into_bytes();
+    let id: Vec<u8> = (0..20)
+        .filter_map(|i| u8::from_str_radix(blob.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    tree.extend_from_slice(&id);
+    let tree = write_object(&objects, "tree", &tree).map_err(fail)?;
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the commit's date, as git would write it: nothing judges by it"
+    )]
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));
+    let text = commit_text(&tree, parent, now, message);
+    write_object(&objects, "commit", text.as_bytes()).map_err(fail)
 }
 
 #[cfg(test)]

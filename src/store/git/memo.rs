@@ -6,14 +6,12 @@
 //! would have saved. A commit's state file never changes (an object id
 //! names its content), so a remembered one is as good as one read from git.
 
-#![allow(clippy::wildcard_imports)]
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use super::objects::MAX_STATE;
-use super::remote::is_oid;
-use super::*;
+use super::remote::{Remote, is_oid};
 
 /// State files `list` keeps for the next one: each at most this big...
 const LIST_MEMO_ENTRY: usize = 4096;
@@ -47,96 +45,95 @@ fn write_whole(file: &Path, bytes: &[u8]) {
     }
 }
 
-impl GitStore {
-    fn tip_file(&self, r: &str) -> PathBuf {
-        let h = crate::record::hash_token(&format!("{}\n{r}", self.config.remote));
-        self.config.cache.join("skill-lock-tips").join(&h[..32])
-    }
+fn tip_file(remote: &Remote, r: &str) -> PathBuf {
+    let h = crate::record::hash_token(&format!("{}\n{r}", remote.config.remote));
+    remote.config.cache.join("skill-lock-tips").join(&h[..32])
+}
 
-    /// The commit this host last wrote to `r` or read there, and its state
-    /// file: a line with the object id, then the state.
-    pub(super) fn memo(&self, r: &str) -> Option<(String, Vec<u8>)> {
-        let bytes = read_bounded(&self.tip_file(r), MAX_STATE + 128)?;
-        let nl = bytes.iter().position(|b| *b == b'\n')?;
-        let oid = std::str::from_utf8(&bytes[..nl]).ok()?;
-        if !is_oid(oid) {
-            return None;
-        }
-        Some((oid.to_owned(), bytes[nl + 1..].to_vec()))
+/// The commit this host last wrote to `r` or read there, and its state
+/// file: a line with the object id, then the state.
+pub(super) fn memo(remote: &Remote, r: &str) -> Option<(String, Vec<u8>)> {
+    let bytes = read_bounded(&tip_file(remote, r), MAX_STATE + 128)?;
+    let nl = bytes.iter().position(|b| *b == b'\n')?;
+    let oid = std::str::from_utf8(&bytes[..nl]).ok()?;
+    if !is_oid(oid) {
+        return None;
     }
+    Some((oid.to_owned(), bytes[nl + 1..].to_vec()))
+}
 
-    /// Remembers (or forgets) the commit this host last pushed to `r`, or
-    /// read there, with its state file. Best effort: a lost note only costs
-    /// the read it would have saved.
-    pub(super) fn remember(&self, r: &str, tip: Option<(&str, &[u8])>) {
-        let file = self.tip_file(r);
-        let Some((oid, body)) = tip else {
-            let _ = std::fs::remove_file(&file);
-            return;
+/// Remembers (or forgets) the commit this host last pushed to `r`, or
+/// read there, with its state file. Best effort: a lost note only costs
+/// the read it would have saved.
+pub(super) fn remember(remote: &Remote, r: &str, tip: Option<(&str, &[u8])>) {
+    let file = tip_file(remote, r);
+    let Some((oid, body)) = tip else {
+        let _ = std::fs::remove_file(&file);
+        return;
+    };
+    let mut bytes = Vec::with_capacity(oid.len() + 1 + body.len());
+    bytes.extend_from_slice(oid.as_bytes());
+    bytes.push(b'\n');
+    bytes.extend_from_slice(body);
+    write_whole(&file, &bytes);
+}
+
+fn list_memo_file(remote: &Remote, prefix: &str) -> PathBuf {
+    let h = crate::record::hash_token(&format!("{}\n{prefix}", remote.config.remote));
+    remote
+        .config
+        .cache
+        .join("skill-lock-tips")
+        .join(format!("list-{}", &h[..32]))
+}
+
+/// The state files of the commits the last `list` of `prefix` read, by
+/// commit (empty when there is no such memo, or it is damaged).
+pub(super) fn list_memo(remote: &Remote, prefix: &str) -> HashMap<String, Vec<u8>> {
+    let mut memo = HashMap::new();
+    let Some(bytes) = read_bounded(&list_memo_file(remote, prefix), LIST_MEMO_MAX + (1 << 20))
+    else {
+        return memo;
+    };
+    let Some(mut rest) = bytes.strip_prefix(LIST_MEMO_HEADER) else {
+        return memo;
+    };
+    // Entries: `OID LEN\n`, then LEN bytes and a newline.
+    while !rest.is_empty() {
+        let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
+            return HashMap::new();
         };
-        let mut bytes = Vec::with_capacity(oid.len() + 1 + body.len());
-        bytes.extend_from_slice(oid.as_bytes());
-        bytes.push(b'\n');
+        let head = String::from_utf8_lossy(&rest[..nl]).into_owned();
+        let Some((oid, len)) = head.split_once(' ') else {
+            return HashMap::new();
+        };
+        let len: usize = len.parse().unwrap_or(usize::MAX);
+        let body = rest.get(nl + 1..).unwrap_or_default();
+        if !is_oid(oid) || len > LIST_MEMO_ENTRY || body.len() <= len || body[len] != b'\n' {
+            return HashMap::new();
+        }
+        memo.insert(oid.to_owned(), body[..len].to_vec());
+        rest = &body[len + 1..];
+    }
+    memo
+}
+
+/// Keeps `entries` (commit, state file) for the next `list` of `prefix`:
+/// those small enough, up to the memo's bound.
+pub(super) fn save_list_memo(remote: &Remote, prefix: &str, entries: &[(String, Vec<u8>)]) {
+    let mut bytes = LIST_MEMO_HEADER.to_vec();
+    for (oid, body) in entries {
+        if body.len() > LIST_MEMO_ENTRY || !is_oid(oid) {
+            continue;
+        }
+        if bytes.len() + body.len() + 100 > LIST_MEMO_MAX {
+            break;
+        }
+        bytes.extend_from_slice(format!("{oid} {}\n", body.len()).as_bytes());
         bytes.extend_from_slice(body);
-        write_whole(&file, &bytes);
+        bytes.push(b'\n');
     }
-
-    fn list_memo_file(&self, prefix: &str) -> PathBuf {
-        let h = crate::record::hash_token(&format!("{}\n{prefix}", self.config.remote));
-        self.config
-            .cache
-            .join("skill-lock-tips")
-            .join(format!("list-{}", &h[..32]))
-    }
-
-    /// The state files of the commits the last `list` of `prefix` read, by
-    /// commit (empty when there is no such memo, or it is damaged).
-    pub(super) fn list_memo(&self, prefix: &str) -> HashMap<String, Vec<u8>> {
-        let mut memo = HashMap::new();
-        let Some(bytes) = read_bounded(&self.list_memo_file(prefix), LIST_MEMO_MAX + (1 << 20))
-        else {
-            return memo;
-        };
-        let Some(mut rest) = bytes.strip_prefix(LIST_MEMO_HEADER) else {
-            return memo;
-        };
-        // Entries: `OID LEN\n`, then LEN bytes and a newline.
-        while !rest.is_empty() {
-            let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
-                return HashMap::new();
-            };
-            let head = String::from_utf8_lossy(&rest[..nl]).into_owned();
-            let Some((oid, len)) = head.split_once(' ') else {
-                return HashMap::new();
-            };
-            let len: usize = len.parse().unwrap_or(usize::MAX);
-            let body = rest.get(nl + 1..).unwrap_or_default();
-            if !is_oid(oid) || len > LIST_MEMO_ENTRY || body.len() <= len || body[len] != b'\n' {
-                return HashMap::new();
-            }
-            memo.insert(oid.to_owned(), body[..len].to_vec());
-            rest = &body[len + 1..];
-        }
-        memo
-    }
-
-    /// Keeps `entries` (commit, state file) for the next `list` of `prefix`:
-    /// those small enough, up to the memo's bound.
-    pub(super) fn save_list_memo(&self, prefix: &str, entries: &[(String, Vec<u8>)]) {
-        let mut bytes = LIST_MEMO_HEADER.to_vec();
-        for (oid, body) in entries {
-            if body.len() > LIST_MEMO_ENTRY || !is_oid(oid) {
-                continue;
-            }
-            if bytes.len() + body.len() + 100 > LIST_MEMO_MAX {
-                break;
-            }
-            bytes.extend_from_slice(format!("{oid} {}\n", body.len()).as_bytes());
-            bytes.extend_from_slice(body);
-            bytes.push(b'\n');
-        }
-        write_whole(&self.list_memo_file(prefix), &bytes);
-    }
+    write_whole(&list_memo_file(remote, prefix), &bytes);
 }
 
 /// Is this state file small enough for the list memo?

@@ -57,16 +57,27 @@
 //! takeover from another host waits that long past `expires`. git runs with every prompt disabled and a
 //! deadline (`SKILL_LOCK_GIT_TIMEOUT`, default 10 s), after which its whole
 //! process group is killed and the command answers `store_unavailable`.
+//!
+//! The files, each using only those below it (no module calls back up):
+//! this one holds [`GitStore`] and its [`Store`] methods (the attempt loop,
+//! `list`, `history`); below it `loose` (writing a commit's objects),
+//! `chain` (the state file, reading a ref into what the engine is shown,
+//! the commit message), `memo` (what this host remembers of the remote),
+//! `objects` (reading lock states out of the cache, bounded), `remote` (the
+//! `Remote`: the cache repository, `ls-remote`, `fetch` and the
+//! compare-and-swap `push`), `config` (the URL, its checks and the store's
+//! constants) and `cmd` (running git with a deadline). Below `mod.rs` they
+//! are free functions over a `Remote`, never methods of the store.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::{LockKey, is_digest_stem};
 use crate::record::OwnerRecord;
-use crate::store::{Change, Committed, Current, Decision, Listed, Store, Written};
+use crate::store::{Committed, Current, Decision, Listed, Place, Stamp, Store, Written};
 
 mod chain;
 mod cmd;
@@ -76,45 +87,21 @@ mod memo;
 mod objects;
 mod remote;
 
-use chain::{RefState, StateFile, message};
-use cmd::{Mode0700, Output, git_command, jitter, run, transient};
-use config::is_local_path;
-pub use config::{GitConfig, REMOTE_NAME, has_secret, redact, validate_remote};
+use chain::{CommitKind, RefState, STATE_FORMAT, StateFile, message};
+pub use config::{
+    ARCHIVE_PREFIX, ARCHIVE_SLOTS, DEFAULT_CLOCK_SKEW, DEFAULT_TIMEOUT, GitConfig, MAX_CLOCK_SKEW,
+    REF_PREFIX, REMOTE_NAME, ROLL_DEPTH, has_secret, redact, validate_remote,
+};
 use objects::{Found, Plan};
-use remote::Pushed;
+use remote::{Pushed, Remote};
 
-/// Default deadline of one command's git work.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default clock-skew allowance, seconds.
-pub const DEFAULT_CLOCK_SKEW: u64 = 30;
-/// Largest clock-skew allowance accepted, seconds (it must stay well inside
-/// the slack that tells an impossible lease from a long one).
-pub const MAX_CLOCK_SKEW: u64 = 120;
-/// Commits in a lock's chain before a change starts a new root commit
-/// (default of `SKILL_LOCK_GIT_HISTORY_DEPTH`).
-pub const ROLL_DEPTH: u64 = 1000;
-/// Where lock refs live on the remote.
-pub const REF_PREFIX: &str = "refs/skill-lock/";
-/// Where a lock's previous chain is kept after a roll-over.
-pub const ARCHIVE_PREFIX: &str = "refs/skill-lock-archive/";
-/// Archived chains kept per lock (`<archive prefix><name>/<epoch mod this>`).
-pub const ARCHIVE_SLOTS: u64 = 10;
-const STATE_FILE: &str = "lock.json";
 /// Missing commits fetched by their refs' names; more are fetched by pattern.
 const FETCH_BY_NAME: usize = 32;
-const STATE_FORMAT: u32 = 1;
 
 /// The git store.
 #[derive(Debug, Clone)]
 pub struct GitStore {
-    config: GitConfig,
-    /// Whether ssh needs `BatchMode` from us (decided once, on first use).
-    batch_ssh: std::sync::OnceLock<bool>,
-    /// Whether the cache names objects by SHA-1 (read once, on first write).
-    sha1: std::sync::OnceLock<bool>,
-    /// This git's `fetch` has no `--porcelain` (older than 2.41): a change
-    /// reads the ref with `ls-remote` first.
-    no_porcelain: std::sync::OnceLock<()>,
+    remote: Remote,
 }
 
 impl GitStore {
@@ -131,10 +118,7 @@ impl GitStore {
     #[must_use]
     pub fn from_config(config: GitConfig) -> Self {
         Self {
-            config,
-            batch_ssh: std::sync::OnceLock::new(),
-            sha1: std::sync::OnceLock::new(),
-            no_porcelain: std::sync::OnceLock::new(),
+            remote: Remote::new(config),
         }
     }
 
@@ -143,29 +127,7 @@ impl GitStore {
     /// remote from any directory (a hint, SPEC §8).
     #[must_use]
     pub fn url_from_anywhere(&self) -> String {
-        self.config.url_from_anywhere()
-    }
-
-    fn ns_prefix(&self, base: &str) -> String {
-        match &self.config.namespace {
-            Some(ns) => format!("{base}{ns}/"),
-            None => base.to_owned(),
-        }
-    }
-
-    fn lock_ref(&self, key: &LockKey) -> String {
-        format!("{}{}", self.ns_prefix(REF_PREFIX), key.ref_stem())
-    }
-
-    fn archive_ref(&self, name: &str, slot: u64) -> String {
-        format!("{}{name}/{slot}", self.ns_prefix(ARCHIVE_PREFIX))
-    }
-
-    /// The local ref a fetched lock ref is kept under in the cache (so later
-    /// fetches only bring what is new).
-    fn cache_ref(&self, remote_ref: &str) -> String {
-        let h = crate::record::hash_token(&self.config.remote);
-        format!("refs/cache/{}/{remote_ref}", &h[..16])
+        self.remote.config.url_from_anywhere()
     }
 }
 
@@ -209,51 +171,53 @@ fn recorded_key(current: &Current, stem: &str) -> Option<LockKey> {
 }
 
 /// An attempt whose push outcome was unknown, kept to recognise it later.
-struct Pending<T> {
+struct Pending<K, W> {
     commit: String,
     /// Its state file.
     body: Vec<u8>,
-    value: T,
-    written: Option<Written>,
+    /// What it comes to once it is known to have landed.
+    committed: Committed<K, W>,
 }
 
 impl Store for GitStore {
     fn describe(&self) -> String {
-        redact(&self.config.url)
+        redact(&self.remote.config.url)
     }
 
-    fn location(&self, key: &LockKey) -> String {
-        self.lock_ref(key)
-    }
-
-    fn clock_skew(&self) -> Option<u64> {
-        Some(self.config.clock_skew)
+    /// The lock's ref, and the clock-skew allowance every answer reports.
+    fn location(&self, key: &LockKey) -> Place {
+        Place {
+            lock: self.remote.lock_ref(key),
+            clock_skew: Some(self.remote.config.clock_skew),
+        }
     }
 
     fn read(&self, key: &LockKey) -> Result<Current> {
-        let deadline = Instant::now() + self.config.timeout;
-        Ok(self.read_seen(key, deadline)?.current)
+        let deadline = Instant::now() + self.remote.config.timeout;
+        Ok(chain::read_seen(&self.remote, key, deadline)?.current)
     }
 
     /// The fence in the ref's state file, held or free (a release commits
     /// it again): the ref is one atomic value, so it names no acquisition
     /// that a read of the same ref does not show.
     fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
-        let deadline = Instant::now() + self.config.timeout;
-        Ok(self.read_seen(key, deadline)?.fence.filter(|f| *f > 0))
+        let deadline = Instant::now() + self.remote.config.timeout;
+        Ok(chain::read_seen(&self.remote, key, deadline)?
+            .fence
+            .filter(|f| *f > 0))
     }
 
-    fn update<T>(
+    fn update<K, W>(
         &self,
         key: &LockKey,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
-    ) -> Result<Committed<T>> {
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
+    ) -> Result<Committed<K, W>> {
         let start = Instant::now();
-        let deadline = start + self.config.timeout;
+        let deadline = start + self.remote.config.timeout;
         // Leave a quarter of the time to settle a push whose outcome is unknown.
-        let push_deadline = start + self.config.timeout.mul_f64(0.75);
-        let r = self.lock_ref(key);
-        let mut pending: Vec<Pending<T>> = Vec::new();
+        let push_deadline = start + self.remote.config.timeout.mul_f64(0.75);
+        let r = self.remote.lock_ref(key);
+        let mut pending: Vec<Pending<K, W>> = Vec::new();
         let mut unknown_why = None;
         // The ref as this host last wrote it: deciding on it and pushing with
         // it as the lease saves the read when nobody changed the lock since
@@ -270,14 +234,13 @@ impl Store for GitStore {
             }
         }
         loop {
-            let seen = match self
-                .read_fetching(key, deadline)
-                .and_then(|s| self.with_fence(s))
+            let seen = match chain::read_fetching(&self.remote, key, deadline)
+                .and_then(|s| chain::with_fence(&self.remote, s))
             {
                 Ok(s) => s,
                 Err(e) if pending.is_empty() => return Err(e),
                 Err(e) => {
-                    return Err(self.unavailable(&format!(
+                    return Err(self.remote.unavailable(&format!(
                         "a push's outcome is unknown ({}) and the ref could not be read back ({e}); run status to see whether this lock is held (its token is lost: if it is, release it with --force)",
                         unknown_why.unwrap_or_default()
                     )));
@@ -285,22 +248,19 @@ impl Store for GitStore {
             };
             if let Some(tip) = &seen.oid {
                 for i in 0..pending.len() {
-                    if self.contains(tip, &pending[i].commit)? {
+                    if chain::contains(&self.remote, tip, &pending[i].commit)? {
                         let p = pending.swap_remove(i);
-                        self.remember(&r, Some((&p.commit, &p.body)));
-                        return Ok(Committed {
-                            value: p.value,
-                            written: p.written,
-                        });
+                        memo::remember(&self.remote, &r, Some((&p.commit, &p.body)));
+                        return Ok(p.committed);
                     }
                 }
             }
             let push_left = push_deadline.saturating_duration_since(Instant::now());
             if push_left.is_zero() {
                 return Err(if pending.is_empty() {
-                    self.unavailable("the lock kept changing under this command (lost every race until the deadline)")
+                    self.remote.unavailable("the lock kept changing under this command (lost every race until the deadline)")
                 } else {
-                    self.unavailable(&format!(
+                    self.remote.unavailable(&format!(
                         "a push's outcome is unknown ({}), and the lock does not show it",
                         unknown_why.unwrap_or_default()
                     ))
@@ -324,12 +284,14 @@ impl Store for GitStore {
     /// second check of them), and one `cat-file --batch` that streams their
     /// state files. Each lock is handed over as it is read, in `list`'s order.
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
-        let deadline = Instant::now() + self.config.timeout;
-        let prefix = self.ns_prefix(REF_PREFIX);
+        let deadline = Instant::now() + self.remote.config.timeout;
+        let prefix = self.remote.ns_prefix(REF_PREFIX);
         let pattern = format!("{prefix}*");
-        let refs = self.ls_remote(std::slice::from_ref(&pattern), &prefix, deadline)?;
+        let refs = self
+            .remote
+            .ls_remote(std::slice::from_ref(&pattern), &prefix, deadline)?;
         let named = named_in_order(refs, &prefix);
-        let memo = self.list_memo(&prefix);
+        let memo = memo::list_memo(&self.remote, &prefix);
         let fresh = !named.iter().all(|(_, _, o)| memo.contains_key(o));
         // Those the memo lacks: read from the cache, after one fetch.
         let unread: Vec<usize> = (0..named.len())
@@ -349,14 +311,15 @@ impl Store for GitStore {
             let (key, r, oid) = &named[i];
             let seen = match found {
                 Found::State(body) => {
-                    let seen = self.interpret_state(oid, &body);
+                    let seen = chain::interpret_state(&self.remote, oid, &body);
                     if memo::memo_worthy(&body) && !moved.contains(&i) {
                         kept.push((oid.clone(), body));
                     }
                     seen
                 }
-                other => self.interpret(oid, other).ok_or_else(|| {
-                    self.unavailable(&format!("the objects of {r} ({oid}) are not in the cache"))
+                other => chain::interpret(&self.remote, oid, other).ok_or_else(|| {
+                    self.remote
+                        .unavailable(&format!("the objects of {r} ({oid}) are not in the cache"))
                 })?,
             };
             if seen.current == Current::Free {
@@ -380,27 +343,30 @@ impl Store for GitStore {
             }
             Ok::<(), Error>(())
         };
-        self.finish(plans, &mut |k, found| {
+        objects::finish(&self.remote, plans, &mut |k, found| {
             from_memo(unread[k], &mut hand)?;
             hand(unread[k], found)?;
             from_memo(unread[k] + 1, &mut hand)
         })?;
         from_memo(named.len(), &mut hand)?;
         if fresh || memo.len() != kept.len() {
-            self.save_list_memo(&prefix, &kept);
+            memo::save_list_memo(&self.remote, &prefix, &kept);
         }
         Ok(0)
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
-        let deadline = Instant::now() + self.config.timeout;
-        let lock_prefix = self.ns_prefix(REF_PREFIX);
-        let arch_prefix = self.ns_prefix(ARCHIVE_PREFIX);
+        let deadline = Instant::now() + self.remote.config.timeout;
+        let lock_prefix = self.remote.ns_prefix(REF_PREFIX);
+        let arch_prefix = self.remote.ns_prefix(ARCHIVE_PREFIX);
         let patterns = match key {
-            Some(k) => vec![self.lock_ref(k), format!("{arch_prefix}{}/*", k.ref_stem())],
+            Some(k) => vec![
+                self.remote.lock_ref(k),
+                format!("{arch_prefix}{}/*", k.ref_stem()),
+            ],
             None => vec![format!("{lock_prefix}*"), format!("{arch_prefix}*")],
         };
-        let refs = self.ls_remote(&patterns, "refs/", deadline)?;
+        let refs = self.remote.ls_remote(&patterns, "refs/", deadline)?;
         // Chains by lock name: the archived ones and the live one.
         let mut chains: std::collections::BTreeMap<String, (Vec<String>, Option<String>)> =
             std::collections::BTreeMap::new();
@@ -432,7 +398,7 @@ impl Store for GitStore {
         for (_, (mut archived, tip)) in chains {
             // Oldest chain first: by the epoch in each archived tip's state.
             let mut epochs: HashMap<String, u64> = HashMap::new();
-            self.read_found(&archived, &mut |i, found| {
+            objects::read_found(&self.remote, &archived, &mut |i, found| {
                 let e = match found {
                     objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
                         .ok()
@@ -462,77 +428,66 @@ impl Store for GitStore {
 }
 
 /// What one decide-and-push attempt came to.
-enum Step<T> {
+enum Step<K, W> {
     /// Applied (or nothing to apply).
-    Done(Committed<T>),
+    Done(Committed<K, W>),
     /// Lost a race (or a guess was wrong): read and decide again.
     Again,
     /// The push's outcome is unknown.
-    Unknown(Pending<T>, String),
+    Unknown(Pending<K, W>, String),
 }
 
 impl GitStore {
     /// The state this host last wrote to `r` (or read of it), to decide on
     /// without a read.
     fn remembered(&self, r: &str) -> Option<RefState> {
-        let (oid, body) = self.memo(r)?;
-        let seen = self.interpret_state(&oid, &body);
+        let (oid, body) = memo::memo(&self.remote, r)?;
+        let seen = chain::interpret_state(&self.remote, &oid, &body);
         matches!(seen.current, Current::Free | Current::Held(_)).then_some(seen)
     }
 
     /// Decides on `seen` and pushes the change with `seen` as the lease.
     /// `guess`: `seen` was not read from the remote, so a decision to change
     /// nothing proves nothing and a lost race is no news.
-    fn attempt<T>(
+    fn attempt<K, W>(
         &self,
         key: &LockKey,
         r: &str,
         seen: &RefState,
-        decide: &mut dyn FnMut(&Current) -> Result<Decision<T>>,
+        decide: &mut dyn FnMut(&Current) -> Result<Decision<K, W>>,
         push_deadline: Instant,
         guess: bool,
-    ) -> Result<Step<T>> {
-        let decision = decide(&seen.current)?;
-        let Some(next) = next_state(r, seen, &decision)? else {
+    ) -> Result<Step<K, W>> {
+        let next = match next_state(r, seen, decide(&seen.current)?)? {
+            Next::Commit(next) => next,
             // Nothing to write: only a refusal of a held lock records events.
-            return Ok(if guess {
-                Step::Again
-            } else {
-                Step::Done(Committed {
-                    value: decision.value,
-                    written: None,
-                })
-            });
+            Next::Nothing(_) if guess => return Ok(Step::Again),
+            Next::Nothing(outcome) => return Ok(Step::Done(Committed::Done(outcome))),
         };
         let (state, parent, archive) = self.roll(key, seen, next.state);
         let msg = message(key, next.what, state.fence, &next.events)?;
         let body = serde_json::to_vec(&state).map_err(|e| Error::Internal(e.to_string()))?;
-        let commit = self.make_commit(&body, parent, &msg)?;
+        let commit = loose::make_commit(&self.remote, &body, parent, &msg)?;
         let archive = archive.as_ref().map(|(old, a)| (old.as_str(), a.as_str()));
-        let written = next
-            .written
-            .map(|r| Written::as_given(r).with_prior(next.prior));
-        let value = decision.value;
-        match self.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
+        match self.remote.push(r, seen.oid.as_deref(), &commit, archive, push_deadline)? {
             Pushed::Done => {
-                self.remember(r, Some((&commit, &body)));
-                Ok(Step::Done(Committed { value, written }))
+                memo::remember(&self.remote, r, Some((&commit, &body)));
+                Ok(Step::Done(next.committed))
             }
             Pushed::Lost => {
                 if guess {
-                    self.remember(r, None);
+                    memo::remember(&self.remote, r, None);
                 }
                 Ok(Step::Again)
             }
-            Pushed::Refused(why) => Err(self.unavailable(&format!(
+            Pushed::Refused(why) => Err(self.remote.unavailable(&format!(
                 "the remote refused the update of {r}: {why}; check that you may push refs under {REF_PREFIX}"
             ))),
             Pushed::Unknown(why) => Ok(Step::Unknown(
                 Pending {
                     commit,
                     body,
-                    value,
-                    written,
+                    committed: next.committed,
                 },
                 why,
             )),
@@ -548,7 +503,7 @@ impl GitStore {
         seen: &'a RefState,
         mut state: StateFile,
     ) -> (StateFile, Option<&'a str>, Option<(String, String)>) {
-        let roll = !seen.chainable || seen.depth >= self.config.history_depth;
+        let roll = !seen.chainable || seen.depth >= self.remote.config.history_depth;
         if !roll {
             return (state, seen.oid.as_deref(), None);
         }
@@ -561,7 +516,8 @@ impl GitStore {
         let archive = match (&seen.oid, seen.chainable) {
             (Some(old), true) => Some((
                 old.clone(),
-                self.archive_ref(&key.ref_stem(), seen.epoch % ARCHIVE_SLOTS),
+                self.remote
+                    .archive_ref(&key.ref_stem(), seen.epoch % ARCHIVE_SLOTS),
             )),
             _ => None,
         };
@@ -570,22 +526,29 @@ impl GitStore {
 }
 
 /// The commit a decision makes on top of a ref's state.
-struct Next {
+struct Commit<K, W> {
     state: StateFile,
-    /// The record written (with its fence), for the outcome.
-    written: Option<OwnerRecord>,
-    /// For an acquisition: the fence it follows, the one in the state it
-    /// replaces (`None`: no acquisition before).
-    prior: Option<u64>,
     /// The history events, fenced.
     events: Vec<Event>,
     /// The change, as the commit message names it.
-    what: &'static str,
+    what: CommitKind,
+    /// What the decision comes to once the commit lands.
+    committed: Committed<K, W>,
 }
 
-/// The state file a decision asks for on top of `seen`, or `None` when
-/// nothing is written (keeping a lock; a refusal of a free or unreadable one).
-fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Option<Next>> {
+/// What a decision asks of a ref.
+// One per attempt, moved once: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Next<K, W> {
+    /// A commit on top of it.
+    Commit(Commit<K, W>),
+    /// Nothing written (keeping a lock; a refusal of a free or unreadable
+    /// one): the outcome.
+    Nothing(K),
+}
+
+/// The commit a decision asks for on top of `seen`, or nothing.
+fn next_state<K, W>(r: &str, seen: &RefState, decision: Decision<K, W>) -> Result<Next<K, W>> {
     let known_fence = || {
         seen.fence.ok_or_else(|| Error::Io {
             action: "read the last fence of",
@@ -599,42 +562,44 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
             )),
         })
     };
-    let held = |rec: OwnerRecord, fence: u64, what| -> Result<Option<Next>> {
-        Ok(Some(Next {
-            state: held_state(&rec, fence, seen.depth, seen.epoch)?,
-            written: (what != "refused").then_some(rec),
-            prior: (what == "acquired")
-                .then_some(seen.fence)
-                .flatten()
-                .filter(|f| *f > 0),
-            events: decision.events(Some(fence)),
-            what,
-        }))
-    };
-    match &decision.change {
-        Change::Keep => match seen.current.record() {
+    let held = |rec: &OwnerRecord| held_state(rec, seen.depth, seen.epoch);
+    Ok(Next::Commit(match decision {
+        Decision::Keep(outcome, events) => match seen.current.record() {
             // Only refusals carry events here; kept when a record is there.
-            Some(rec) if !decision.is_silent() => {
-                let fence = seen.fence.unwrap_or(rec.holder.fence);
-                held(rec.clone(), fence, "refused")
-            }
-            _ => Ok(None),
+            Some(rec) if !events.is_empty() => Commit {
+                state: held(rec)?,
+                events,
+                what: CommitKind::Refused,
+                committed: Committed::Done(outcome),
+            },
+            _ => return Ok(Next::Nothing(outcome)),
         },
-        Change::Create(rec) | Change::Takeover(rec) => {
+        Decision::Acquire(acq) => {
             let fence = known_fence()?
                 .checked_add(1)
                 .ok_or_else(|| Error::Internal("the fence would overflow".into()))?;
-            let mut rec = rec.clone();
-            rec.holder.fence = fence;
-            held(rec, fence, "acquired")
+            let prior = seen.fence.filter(|f| *f > 0);
+            let events = acq.events(&Stamp::fence(fence));
+            let written = Written::acquired(acq.record, fence, prior);
+            Commit {
+                state: held(&written.record)?,
+                events,
+                what: CommitKind::Acquired,
+                committed: Committed::Wrote(acq.then, written),
+            }
         }
-        Change::Rewrite(rec) => {
-            let fence = seen.fence.unwrap_or(rec.holder.fence);
-            let mut rec = rec.clone();
-            rec.holder.fence = fence;
-            held(rec, fence, "renewed")
+        Decision::Renew(renewal) => {
+            let events = renewal.events(&renewal.stamp());
+            let state = held(renewal.record())?;
+            let (then, written) = renewal.into_written();
+            Commit {
+                state,
+                events,
+                what: CommitKind::Renewed,
+                committed: Committed::Wrote(then, written),
+            }
         }
-        Change::Delete => Ok(Some(Next {
+        Decision::Delete(outcome, event) => Commit {
             state: StateFile {
                 format: STATE_FORMAT,
                 state: "free".into(),
@@ -643,23 +608,20 @@ fn next_state<T>(r: &str, seen: &RefState, decision: &Decision<T>) -> Result<Opt
                 epoch: seen.epoch,
                 record: None,
             },
-            written: None,
-            prior: None,
-            events: decision.events(None),
-            what: "released",
-        })),
-    }
+            events: vec![event],
+            what: CommitKind::Released,
+            committed: Committed::Done(outcome),
+        },
+    }))
 }
 
-fn held_state(rec: &OwnerRecord, fence: u64, depth: u64, epoch: u64) -> Result<StateFile> {
-    let mut rec = rec.clone();
-    rec.holder.fence = fence;
-    let value =
-        serde_json::value::to_raw_value(&rec).map_err(|e| Error::Internal(e.to_string()))?;
+/// The state file of a held lock with `rec` (its fence the lock's).
+fn held_state(rec: &OwnerRecord, depth: u64, epoch: u64) -> Result<StateFile> {
+    let value = serde_json::value::to_raw_value(rec).map_err(|e| Error::Internal(e.to_string()))?;
     Ok(StateFile {
         format: STATE_FORMAT,
         state: "held".into(),
-        fence,
+        fence: rec.holder.fence,
         depth: depth + 1,
         epoch,
         record: Some(value),
@@ -679,7 +641,7 @@ impl GitStore {
         deadline: Instant,
     ) -> Result<(Vec<Plan>, Vec<usize>)> {
         let oids: Vec<String> = refs.iter().map(|(_, o)| o.clone()).collect();
-        let mut plans = self.probe(&oids)?;
+        let mut plans = objects::probe(&self.remote, &oids)?;
         let missing: Vec<usize> = (0..plans.len()).filter(|i| plans[*i].missing()).collect();
         if missing.is_empty() {
             return Ok((plans, Vec::new()));
@@ -689,10 +651,10 @@ impl GitStore {
         } else {
             patterns.to_vec()
         };
-        let mut failed = self.fetch(&names, deadline)?;
+        let mut failed = self.remote.fetch(&names, deadline)?;
         if failed.is_some() && names != patterns {
             // One ref gone since it was listed fails a fetch by names whole.
-            failed = self.fetch(patterns, deadline)?;
+            failed = self.remote.fetch(patterns, deadline)?;
         }
         let mut left = missing;
         let mut moved_ones = Vec::new();
@@ -701,13 +663,13 @@ impl GitStore {
                 .iter()
                 .map(|i| {
                     if moved {
-                        self.cache_ref(&refs[*i].0)
+                        self.remote.cache_ref(&refs[*i].0)
                     } else {
                         refs[*i].1.clone()
                     }
                 })
                 .collect();
-            let again = self.probe(&names)?;
+            let again = objects::probe(&self.remote, &names)?;
             let mut still = Vec::new();
             for (i, p) in left.into_iter().zip(again) {
                 if p.missing() {
@@ -723,7 +685,7 @@ impl GitStore {
             }
         }
         let (r, oid) = &refs[left[0]];
-        Err(self.unavailable(&format!(
+        Err(self.remote.unavailable(&format!(
             "the objects of {r} ({oid}) did not arrive{}",
             failed
                 .map(|w| format!(": git fetch failed: {w}"))
@@ -755,8 +717,10 @@ impl GitStore {
             cur.clear();
             *skip = false;
         };
-        let out =
-            self.local_streaming(&["log", &n, "--format=%x1e%B", tip], None, &mut |chunk| {
+        let out = self.remote.local_streaming(
+            &["log", &n, "--format=%x1e%B", tip],
+            None,
+            &mut |chunk| {
                 for (i, piece) in chunk.split(|b| *b == 0x1e).enumerate() {
                     if i > 0 {
                         end_commit(&mut cur, &mut skip);
@@ -769,10 +733,11 @@ impl GitStore {
                     }
                 }
                 cmd::Flow::More
-            })?;
+            },
+        )?;
         end_commit(&mut cur, &mut skip);
         if !out.ok() {
-            return Err(self.cache_error(&format!(
+            return Err(self.remote.cache_error(&format!(
                 "git log of the lock history failed: {}",
                 out.stderr.trim()
             )));

@@ -5,14 +5,14 @@
 //! Any number of locks costs the same two git processes (three when a tree
 //! lacks its state file).
 
-#![allow(clippy::wildcard_imports)]
 use std::fmt::Write as _;
 
 use super::cmd::Flow;
-use super::remote::is_oid;
-use super::*;
+use super::remote::{Remote, is_oid};
 use crate::error::{Error, Result};
 
+/// The file in a lock's commit that holds its state.
+pub(super) const STATE_FILE: &str = "lock.json";
 /// Largest `lock.json` read: a record (SPEC §8: 64 KiB) and the state
 /// around it. A larger one is corrupt, and is never read.
 pub(super) const MAX_STATE: usize = crate::record::MAX_RECORD_BYTES + 4096;
@@ -221,185 +221,183 @@ impl Batch<'_> {
     }
 }
 
-impl GitStore {
-    /// Reads `lock.json` of each commit `revs` names (an object id, or a
-    /// cache ref), handing each over to `each` in order.
-    ///
-    /// No object is ever unpacked unless it is small enough for its part
-    /// (a state file: [`MAX_STATE`]; a commit or tree: [`MAX_OBJECT`]), and
-    /// state files are streamed from git, so any number of locks is read
-    /// in two git processes (three when a tree lacks its state file).
-    pub(super) fn read_found(
-        &self,
-        revs: &[String],
-        each: &mut dyn FnMut(usize, Found) -> Result<()>,
-    ) -> Result<()> {
-        if revs.is_empty() {
-            return Ok(());
-        }
-        let plans = self.probe(revs)?;
-        self.finish(plans, each)
+/// Reads `lock.json` of each commit `revs` names (an object id, or a
+/// cache ref), handing each over to `each` in order.
+///
+/// No object is ever unpacked unless it is small enough for its part
+/// (a state file: [`MAX_STATE`]; a commit or tree: [`MAX_OBJECT`]), and
+/// state files are streamed from git, so any number of locks is read
+/// in two git processes (three when a tree lacks its state file).
+pub(super) fn read_found(
+    remote: &Remote,
+    revs: &[String],
+    each: &mut dyn FnMut(usize, Found) -> Result<()>,
+) -> Result<()> {
+    if revs.is_empty() {
+        return Ok(());
     }
+    let plans = probe(remote, revs)?;
+    finish(remote, plans, each)
+}
 
-    /// Reads what [`GitStore::probe`] left to read, handing each commit's
-    /// state over to `each` in order.
-    pub(super) fn finish(
-        &self,
-        mut plans: Vec<Plan>,
-        each: &mut dyn FnMut(usize, Found) -> Result<()>,
-    ) -> Result<()> {
-        self.look_into_trees(&mut plans)?;
-        let reads: Vec<(usize, String)> = plans
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| match p {
-                Plan::Read(b) => Some((i, b.clone())),
-                _ => None,
-            })
-            .collect();
-        let mut next = 0;
-        let mut hand_up_to = |upto: usize, plans: &mut [Plan]| -> Result<()> {
-            while next < upto {
-                let p = std::mem::replace(&mut plans[next], Plan::Done(Found::Missing));
-                let found = match p {
-                    Plan::Done(f) => f,
-                    Plan::Read(_) | Plan::Tree(_) => Found::Missing,
-                };
-                each(next, found)?;
-                next += 1;
-            }
-            Ok(())
-        };
-        let oids: Vec<String> = reads.iter().map(|(_, b)| b.clone()).collect();
-        self.batch(&oids, MAX_STATE, &mut |k, body| {
-            let i = reads[k].0;
-            hand_up_to(i, &mut plans)?;
-            plans[i] = Plan::Done(body.map_or(Found::Missing, Found::State));
-            hand_up_to(i + 1, &mut plans)
-        })?;
-        hand_up_to(plans.len(), &mut plans)
-    }
-
-    /// Settles each [`Plan::Tree`]: a tree that lists the state file lacks
-    /// its blob (missing); one that does not is no lock state.
-    fn look_into_trees(&self, plans: &mut [Plan]) -> Result<()> {
-        let trees: Vec<(usize, String)> = plans
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| match p {
-                Plan::Tree(t) => Some((i, t.clone())),
-                _ => None,
-            })
-            .collect();
-        let oids: Vec<String> = trees.iter().map(|(_, t)| t.clone()).collect();
-        let cap = usize::try_from(MAX_OBJECT).unwrap_or(usize::MAX);
-        self.batch(&oids, cap, &mut |k, body| {
-            let (i, tree) = &trees[k];
-            plans[*i] = Plan::Done(match body {
-                Some(b) if !tree_lists(&b, STATE_FILE, tree.len() / 2) => Found::Bad {
-                    why: format!("the lock's commit holds no {STATE_FILE}"),
-                    sane: true,
-                },
-                _ => Found::Missing,
-            });
-            Ok(())
+/// Reads what [`probe`] left to read, handing each commit's
+/// state over to `each` in order.
+pub(super) fn finish(
+    remote: &Remote,
+    mut plans: Vec<Plan>,
+    each: &mut dyn FnMut(usize, Found) -> Result<()>,
+) -> Result<()> {
+    look_into_trees(remote, &mut plans)?;
+    let reads: Vec<(usize, String)> = plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| match p {
+            Plan::Read(b) => Some((i, b.clone())),
+            _ => None,
         })
-    }
-
-    /// [`GitStore::read_found`] of one commit.
-    pub(super) fn read_one(&self, rev: &str) -> Result<Found> {
-        let mut found = Found::Missing;
-        self.read_found(&[rev.to_owned()], &mut |_, f| {
-            found = f;
-            Ok(())
-        })?;
-        Ok(found)
-    }
-
-    /// The sizes and types of each commit, its tree and its state file:
-    /// what to read of each.
-    pub(super) fn probe(&self, revs: &[String]) -> Result<Vec<Plan>> {
-        if revs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut input = String::new();
-        for r in revs {
-            let _ = writeln!(input, "{r}\n{r}^{{tree}}\n{r}:{STATE_FILE}");
-        }
-        // An answer line is an object id, a type and a size, or the question
-        // and "missing".
-        let cap = input.len() * 2 + revs.len() * 3 * 100;
-        let out = self.local_capped(&["cat-file", "--batch-check"], Some(input.as_bytes()), cap)?;
-        if !out.ok() {
-            return Err(self.cache_error(&format!(
-                "git cat-file --batch-check failed: {}",
-                out.stderr.trim()
-            )));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let lines: Vec<&str> = text.lines().collect();
-        if lines.len() != revs.len() * 3 {
-            return Err(self.cache_error(&format!(
-                "git cat-file --batch-check answered {} lines to {} questions",
-                lines.len(),
-                revs.len() * 3
-            )));
-        }
-        Ok(lines
-            .chunks(3)
-            .map(|c| plan(Info::parse(c[0]), Info::parse(c[1]), Info::parse(c[2])))
-            .collect())
-    }
-
-    /// Streams the contents of `oids` (each at most `max` bytes, as their
-    /// sizes said) to `each`, in order.
-    fn batch(
-        &self,
-        oids: &[String],
-        max: usize,
-        each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> Result<()>,
-    ) -> Result<()> {
-        if oids.is_empty() {
-            return Ok(());
-        }
-        let mut input = String::new();
-        for o in oids {
-            let _ = writeln!(input, "{o}");
-        }
-        let mut failed: Option<Stop> = None;
-        let mut batch = Batch {
-            pending: Vec::new(),
-            at: 0,
-            size: None,
-            index: 0,
-            max,
-            each,
-        };
-        let out =
-            self.local_streaming(&["cat-file", "--batch"], Some(input.as_bytes()), &mut |c| {
-                match batch.feed(c) {
-                    Ok(()) => Flow::More,
-                    Err(stop) => {
-                        failed.get_or_insert(stop);
-                        Flow::Stop
-                    }
-                }
-            })?;
-        let got = batch.index;
-        match failed {
-            Some(Stop::Format(why)) => return Err(self.cache_error(&why)),
-            Some(Stop::Each(e)) => return Err(e),
-            None => {}
-        }
-        if !out.ok() || got != oids.len() {
-            return Err(self.cache_error(&format!(
-                "git cat-file --batch gave {got} of {} objects: {}",
-                oids.len(),
-                out.stderr.trim()
-            )));
+        .collect();
+    let mut next = 0;
+    let mut hand_up_to = |upto: usize, plans: &mut [Plan]| -> Result<()> {
+        while next < upto {
+            let p = std::mem::replace(&mut plans[next], Plan::Done(Found::Missing));
+            let found = match p {
+                Plan::Done(f) => f,
+                Plan::Read(_) | Plan::Tree(_) => Found::Missing,
+            };
+            each(next, found)?;
+            next += 1;
         }
         Ok(())
+    };
+    let oids: Vec<String> = reads.iter().map(|(_, b)| b.clone()).collect();
+    batch(remote, &oids, MAX_STATE, &mut |k, body| {
+        let i = reads[k].0;
+        hand_up_to(i, &mut plans)?;
+        plans[i] = Plan::Done(body.map_or(Found::Missing, Found::State));
+        hand_up_to(i + 1, &mut plans)
+    })?;
+    hand_up_to(plans.len(), &mut plans)
+}
+
+/// Settles each [`Plan::Tree`]: a tree that lists the state file lacks
+/// its blob (missing); one that does not is no lock state.
+fn look_into_trees(remote: &Remote, plans: &mut [Plan]) -> Result<()> {
+    let trees: Vec<(usize, String)> = plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| match p {
+            Plan::Tree(t) => Some((i, t.clone())),
+            _ => None,
+        })
+        .collect();
+    let oids: Vec<String> = trees.iter().map(|(_, t)| t.clone()).collect();
+    let cap = usize::try_from(MAX_OBJECT).unwrap_or(usize::MAX);
+    batch(remote, &oids, cap, &mut |k, body| {
+        let (i, tree) = &trees[k];
+        plans[*i] = Plan::Done(match body {
+            Some(b) if !tree_lists(&b, STATE_FILE, tree.len() / 2) => Found::Bad {
+                why: format!("the lock's commit holds no {STATE_FILE}"),
+                sane: true,
+            },
+            _ => Found::Missing,
+        });
+        Ok(())
+    })
+}
+
+/// [`read_found`] of one commit.
+pub(super) fn read_one(remote: &Remote, rev: &str) -> Result<Found> {
+    let mut found = Found::Missing;
+    read_found(remote, &[rev.to_owned()], &mut |_, f| {
+        found = f;
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+/// The sizes and types of each commit, its tree and its state file:
+/// what to read of each.
+pub(super) fn probe(remote: &Remote, revs: &[String]) -> Result<Vec<Plan>> {
+    if revs.is_empty() {
+        return Ok(Vec::new());
     }
+    let mut input = String::new();
+    for r in revs {
+        let _ = writeln!(input, "{r}\n{r}^{{tree}}\n{r}:{STATE_FILE}");
+    }
+    // An answer line is an object id, a type and a size, or the question
+    // and "missing".
+    let cap = input.len() * 2 + revs.len() * 3 * 100;
+    let out = remote.local_capped(&["cat-file", "--batch-check"], Some(input.as_bytes()), cap)?;
+    if !out.ok() {
+        return Err(remote.cache_error(&format!(
+            "git cat-file --batch-check failed: {}",
+            out.stderr.trim()
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.len() != revs.len() * 3 {
+        return Err(remote.cache_error(&format!(
+            "git cat-file --batch-check answered {} lines to {} questions",
+            lines.len(),
+            revs.len() * 3
+        )));
+    }
+    Ok(lines
+        .chunks(3)
+        .map(|c| plan(Info::parse(c[0]), Info::parse(c[1]), Info::parse(c[2])))
+        .collect())
+}
+
+/// Streams the contents of `oids` (each at most `max` bytes, as their
+/// sizes said) to `each`, in order.
+fn batch(
+    remote: &Remote,
+    oids: &[String],
+    max: usize,
+    each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> Result<()>,
+) -> Result<()> {
+    if oids.is_empty() {
+        return Ok(());
+    }
+    let mut input = String::new();
+    for o in oids {
+        let _ = writeln!(input, "{o}");
+    }
+    let mut failed: Option<Stop> = None;
+    let mut batch = Batch {
+        pending: Vec::new(),
+        at: 0,
+        size: None,
+        index: 0,
+        max,
+        each,
+    };
+    let out =
+        remote.local_streaming(&["cat-file", "--batch"], Some(input.as_bytes()), &mut |c| {
+            match batch.feed(c) {
+                Ok(()) => Flow::More,
+                Err(stop) => {
+                    failed.get_or_insert(stop);
+                    Flow::Stop
+                }
+            }
+        })?;
+    let got = batch.index;
+    match failed {
+        Some(Stop::Format(why)) => return Err(remote.cache_error(&why)),
+        Some(Stop::Each(e)) => return Err(e),
+        None => {}
+    }
+    if !out.ok() || got != oids.len() {
+        return Err(remote.cache_error(&format!(
+            "git cat-file --batch gave {got} of {} objects: {}",
+            oids.len(),
+            out.stderr.trim()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,15 +1,17 @@
 //! The git store's talk with the remote: the cache repository it works in,
 //! `ls-remote`, `fetch` and the compare-and-swap `push`.
 
-#![allow(clippy::wildcard_imports)]
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::cmd::{Flow, STDOUT_CAP, run_streaming};
-use super::*;
+use super::cmd::{
+    Flow, Mode0700, Output, STDOUT_CAP, git_command, jitter, run, run_streaming, transient,
+};
+use super::config::{ARCHIVE_PREFIX, GitConfig, REF_PREFIX, REMOTE_NAME, is_local_path, redact};
 use crate::error::{Error, Result};
+use crate::key::LockKey;
 
 /// The most of `git ls-remote`'s answer read: 32 MiB, some 200,000 lock
 /// refs (a remote that lists more is refused, never read whole).
@@ -37,7 +39,53 @@ pub(super) enum Pushed {
     Unknown(String),
 }
 
-impl GitStore {
+/// The remote a git store works with, through its cache repository: the
+/// settings, and what is learnt of git and the cache once, on first use.
+#[derive(Debug, Clone)]
+pub(super) struct Remote {
+    pub(super) config: GitConfig,
+    /// Whether ssh needs `BatchMode` from us (decided once, on first use).
+    batch_ssh: std::sync::OnceLock<bool>,
+    /// Whether the cache names objects by SHA-1 (read once, on first write).
+    pub(super) sha1: std::sync::OnceLock<bool>,
+    /// This git's `fetch` has no `--porcelain` (older than 2.41): a change
+    /// reads the ref with `ls-remote` first.
+    pub(super) no_porcelain: std::sync::OnceLock<()>,
+}
+
+impl Remote {
+    /// The remote `config` names (already resolved); nothing is run yet.
+    pub(super) fn new(config: GitConfig) -> Self {
+        Self {
+            config,
+            batch_ssh: std::sync::OnceLock::new(),
+            sha1: std::sync::OnceLock::new(),
+            no_porcelain: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub(super) fn ns_prefix(&self, base: &str) -> String {
+        match &self.config.namespace {
+            Some(ns) => format!("{base}{ns}/"),
+            None => base.to_owned(),
+        }
+    }
+
+    pub(super) fn lock_ref(&self, key: &LockKey) -> String {
+        format!("{}{}", self.ns_prefix(REF_PREFIX), key.ref_stem())
+    }
+
+    pub(super) fn archive_ref(&self, name: &str, slot: u64) -> String {
+        format!("{}{name}/{slot}", self.ns_prefix(ARCHIVE_PREFIX))
+    }
+
+    /// The local ref a fetched lock ref is kept under in the cache (so later
+    /// fetches only bring what is new).
+    pub(super) fn cache_ref(&self, remote_ref: &str) -> String {
+        let h = crate::record::hash_token(&self.config.remote);
+        format!("refs/cache/{}/{remote_ref}", &h[..16])
+    }
+
     pub(super) fn unavailable(&self, what: &str) -> Error {
         Error::StoreUnavailable(redact(&format!(
             "git remote {} ({}): {what}; check that it is reachable and that git can push to it without a prompt (ssh agent, credential helper), or raise SKILL_LOCK_GIT_TIMEOUT (now {} s)",
