@@ -73,7 +73,7 @@ struct GitDirs {
 /// Reads a small git metadata file: never blocking (a FIFO is refused at
 /// once), at most 64 KiB, as text.
 fn read_small(path: &Path) -> Result<String> {
-    let bytes = read_regular(path, crate::store::fs::layer::READ_LIMIT)?;
+    let bytes = read_regular(path, crate::store::fs::dir::READ_LIMIT)?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -98,7 +98,7 @@ pub fn read_regular(path: &Path, limit: usize) -> Result<Vec<u8>> {
     if !meta.is_file() {
         return Err(refuse("it is not a regular file".into()));
     }
-    let bytes = crate::store::fs::layer::read_bounded(file, meta.len(), limit.saturating_add(1))
+    let bytes = crate::store::fs::dir::read_bounded(file, meta.len(), limit.saturating_add(1))
         .map_err(|e| Error::io("read", path, e))?;
     if bytes.len() > limit {
         return Err(refuse(format!("it is larger than {limit} bytes")));

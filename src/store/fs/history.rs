@@ -27,8 +27,8 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 #[cfg(windows)]
-use super::layer::FileExt;
-use super::layer::{Dir, Open};
+use super::dir::FileExt;
+use super::dir::{Dir, Open};
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::LockKey;

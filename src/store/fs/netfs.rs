@@ -25,7 +25,7 @@ pub fn network_fs_of(dir: BorrowedFd<'_>) -> Option<&'static str> {
     }
     #[cfg(windows)]
     {
-        super::layer::remote_protocol(dir)
+        super::dir::remote_protocol(dir)
     }
     #[cfg(all(unix, not(target_os = "linux")))]
     {

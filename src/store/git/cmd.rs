@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::group::Group;
 use crate::record::random_suffix;
 
 /// What one git process did.
@@ -144,8 +145,7 @@ pub(super) fn run_streaming(
     deadline: Instant,
     sink: &mut dyn FnMut(&[u8]) -> Flow,
 ) -> std::io::Result<Option<Output>> {
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(cmd, 0);
+    Group::prepare(cmd);
     cmd.stdin(if input.is_some() {
         Stdio::piped()
     } else {
@@ -154,23 +154,10 @@ pub(super) fn run_streaming(
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    #[cfg(unix)]
-    let pgid = libc::pid_t::try_from(child.id()).unwrap_or(0);
-    // Windows: git and what it starts (ssh, credential helpers) in a Job
-    // Object, the whole of which is killed at the deadline.
-    #[cfg(windows)]
-    let job = crate::win::Job::new().and_then(|j| j.assign(child.id()).map(|()| j))?;
-    #[cfg(windows)]
-    let kill = || job.terminate(1);
-    #[cfg(unix)]
-    let kill = || {
-        if pgid > 0 {
-            // SAFETY: signals only the process group this call created.
-            unsafe {
-                libc::killpg(pgid, libc::SIGKILL);
-            }
-        }
-    };
+    // Git and what it starts (ssh, credential helpers), the whole of which
+    // is killed at the deadline.
+    let group = Group::of(&child)?;
+    let kill = || group.kill();
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
         let bytes = bytes.to_vec();
         std::thread::spawn(move || {
