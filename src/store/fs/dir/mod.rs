@@ -42,9 +42,9 @@ mod windows;
 #[cfg(windows)]
 use windows as sys;
 
-pub use sys::Dir;
+pub use sys::{Dir, FileExt};
 #[cfg(windows)]
-pub use sys::{FileExt, SHARING_RETRY, Stat, remote_protocol};
+pub use sys::{SHARING_RETRY, Stat, remote_protocol};
 use sys::{found, not_a};
 
 /// What both platforms' handles build from their primitives

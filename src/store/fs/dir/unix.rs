@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
 
 use super::{Misfit, Open, untrusted};
+
 use crate::error::{Error, Result};
+/// Positioned reads and writes (`pread`, `pwrite`), as on Windows.
+pub use std::os::unix::fs::FileExt;
 
 /// An open directory of the layer and the path it was reached by (for messages).
 #[derive(Debug)]
