@@ -41,7 +41,7 @@ use super::{Reach, TreeReport, lease_clock, lease_env};
 use crate::error::{Error, Result};
 use crate::group::Job;
 use crate::key::LockKey;
-use crate::signals;
+use crate::signals::windows::SIGINT;
 
 /// The exit code of a process ended by Ctrl-C or Ctrl-Break.
 const STATUS_CONTROL_C_EXIT: u32 = 0xC000_013A;
@@ -256,7 +256,7 @@ pub(super) fn ended(
 ) -> (Option<u8>, Option<libc::c_int>) {
     let code = status.code().map(|c| u32::from_ne_bytes(c.to_ne_bytes()));
     match code {
-        Some(STATUS_CONTROL_C_EXIT) => (None, Some(last_signal.unwrap_or(signals::SIGINT))),
+        Some(STATUS_CONTROL_C_EXIT) => (None, Some(last_signal.unwrap_or(SIGINT))),
         Some(c) => (Some(u8::try_from(c).unwrap_or(1)), None),
         None => (None, None),
     }

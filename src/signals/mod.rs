@@ -9,8 +9,9 @@
 //! for "a signal, or this much time" with `recv_timeout` (portable: macOS
 //! has no `sigtimedwait`). What differs by platform, taking one signal and
 //! naming it, is in `unix.rs` and `windows.rs`; Unix alone also signals a
-//! process group and unblocks the set in a child before exec
-//! ([`unix::send_group`], [`unix::unblock_in_child`]).
+//! process group and unblocks the set in a child before exec (for the
+//! keeper: `unix::send_group`, `unix::unblock_in_child`), and Windows names
+//! its console events (`windows::SIGINT`, `SIGBREAK`, `SIGHUP`).
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -20,11 +21,11 @@ pub(crate) mod unix;
 #[cfg(unix)]
 use unix as sys;
 #[cfg(windows)]
-mod windows;
+pub(crate) mod windows;
 #[cfg(windows)]
 use windows as sys;
 
-pub use sys::{FORWARDED, SIGHUP, SIGINT, SIGTERM, block, name};
+pub use sys::{SIGTERM, block, name};
 
 /// The receiving end of the signals taken by the listening thread.
 #[derive(Debug)]

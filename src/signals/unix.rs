@@ -1,15 +1,11 @@
 //! Unix: the forwarded signals blocked in every thread and taken with
 //! `sigwait`.
 
-/// Interrupt (Ctrl-C).
-pub const SIGINT: libc::c_int = libc::SIGINT;
 /// Terminate; what a lost lease stops the command with.
 pub const SIGTERM: libc::c_int = libc::SIGTERM;
-/// Hang-up.
-pub const SIGHUP: libc::c_int = libc::SIGHUP;
 
 /// The signals `run` takes over and forwards to its command's group.
-pub const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 fn set() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.

@@ -33,9 +33,6 @@ pub const SIGHUP: libc::c_int = 1;
 /// What a lost lease stops the command with (reported as 128+15).
 pub const SIGTERM: libc::c_int = 15;
 
-/// The events `run` takes over, as signal numbers.
-pub const FORWARDED: [libc::c_int; 3] = [SIGINT, SIGBREAK, SIGHUP];
-
 static QUEUE: Mutex<VecDeque<libc::c_int>> = Mutex::new(VecDeque::new());
 static ARRIVED: Condvar = Condvar::new();
 
