@@ -5,8 +5,8 @@
 //! loop, the renewal worker and the verdict on each renewal, the ending and
 //! `run`'s exit status. What owns CMD's processes is the platform's
 //! (`unix.rs`: a keeper process, `windows.rs`: a Job Object), behind one
-//! [`sys::CmdTree`] with the same functions on both, which reports what
-//! happens to the tree as [`TreeReport`]s.
+//! `sys::CmdTree` with the same functions on both, which reports what
+//! happens to the tree as `TreeReport`s.
 //!
 //! On Unix the owner of the lock is **everything CMD starts**, not this
 //! wrapper:
@@ -49,7 +49,6 @@
 //!    stops what it can reach of CMD (its process group), never releases
 //!    (a process CMD started may live on where nobody sees it), leaves the
 //!    lock to its lease, and reports `"lost": true`.
-
 //!
 //! On Windows (SPEC §10) the owner of the lock is this wrapper (`owner_pid`,
 //! with its creation time), and CMD with everything it starts lives in a
