@@ -32,40 +32,50 @@ impl Clock {
     }
 }
 
-/// The clock leases are kept on: never steps, and counts time suspended
-/// (Windows `GetTickCount64`, which counts sleep and
-/// hibernation, in milliseconds), as time since an arbitrary origin.
+/// The clock leases are kept on: never steps, and counts time suspended,
+/// as time since an arbitrary origin (see `sys`).
+#[must_use]
+pub fn lease_clock() -> Duration {
+    sys::lease_clock()
+}
+
+/// Windows: `GetTickCount64`, which counts sleep and hibernation, in
+/// milliseconds.
 #[cfg(windows)]
-#[must_use]
-pub fn lease_clock() -> Duration {
-    // SAFETY: no preconditions.
-    Duration::from_millis(unsafe {
-        windows_sys::Win32::System::SystemInformation::GetTickCount64()
-    })
-}
+mod sys {
+    use std::time::Duration;
 
-/// The clock leases are kept on: never steps, and counts time suspended
-/// (Linux `CLOCK_BOOTTIME`; elsewhere `CLOCK_MONOTONIC`, which on macOS
-/// counts sleep too), as time since an arbitrary origin.
-#[cfg(unix)]
-#[must_use]
-pub fn lease_clock() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write into.
-    if unsafe { libc::clock_gettime(LEASE_CLOCK, &raw mut ts) } != 0 {
-        return Duration::ZERO;
+    pub(super) fn lease_clock() -> Duration {
+        // SAFETY: no preconditions.
+        Duration::from_millis(unsafe {
+            windows_sys::Win32::System::SystemInformation::GetTickCount64()
+        })
     }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
 }
 
-/// The id of `lease_clock`'s clock (the keeper reads it too).
-#[cfg(target_os = "linux")]
-const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_BOOTTIME;
-#[cfg(all(unix, not(target_os = "linux")))]
-const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_MONOTONIC;
+/// Unix: Linux `CLOCK_BOOTTIME`; elsewhere `CLOCK_MONOTONIC`, which on
+/// macOS counts sleep too.
+#[cfg(unix)]
+mod sys {
+    use std::time::Duration;
+
+    #[cfg(target_os = "linux")]
+    const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_BOOTTIME;
+    #[cfg(not(target_os = "linux"))]
+    const LEASE_CLOCK: libc::clockid_t = libc::CLOCK_MONOTONIC;
+
+    pub(super) fn lease_clock() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid timespec to write into.
+        if unsafe { libc::clock_gettime(LEASE_CLOCK, &raw mut ts) } != 0 {
+            return Duration::ZERO;
+        }
+        Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        )
+    }
+}

@@ -77,9 +77,9 @@ pub fn lock_bounded_as(file: &File, path: &Path, shared: bool) -> Result<()> {
 }
 
 fn held_too_long(file: &File, path: &Path) -> Error {
-    let (who, what) = match flock_holder(file) {
+    let (who, what) = match sys::flock_holder(file) {
         Some(pid) => (
-            format!("process {pid}{}", process_name(pid)),
+            format!("process {pid}{}", sys::process_name(pid)),
             format!("resume or end it (kill -CONT {pid}, or kill {pid})"),
         ),
         None => (
@@ -95,22 +95,21 @@ fn held_too_long(file: &File, path: &Path) -> Error {
     ))
 }
 
-fn process_name(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|n| format!(" ({})", n.trim()))
-        .unwrap_or_default()
-}
+/// Who holds a `flock`: Linux shows it in `/proc/locks` (in our pid
+/// namespace); elsewhere it is unknown.
+#[cfg(target_os = "linux")]
+mod sys {
+    use std::fs::File;
 
-/// The pid holding a `flock` on `file`, from `/proc/locks` (Linux; the
-/// kernel shows it in our pid namespace). Elsewhere: unknown.
-fn flock_holder(file: &File) -> Option<u32> {
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = file;
-        None
+    /// The name of process `pid`, for messages (` (name)`, or nothing).
+    pub(super) fn process_name(pid: u32) -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|n| format!(" ({})", n.trim()))
+            .unwrap_or_default()
     }
-    #[cfg(target_os = "linux")]
-    {
+
+    /// The pid holding a `flock` on `file`, from `/proc/locks`.
+    pub(super) fn flock_holder(file: &File) -> Option<u32> {
         use std::os::unix::fs::MetadataExt;
         let meta = file.metadata().ok()?;
         let dev = meta.dev();
@@ -126,5 +125,20 @@ fn flock_holder(file: &File) -> Option<u32> {
                 .then(|| f.get(4)?.parse().ok())
                 .flatten()
         })
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod sys {
+    use std::fs::File;
+
+    /// Never asked: no holder is ever known here.
+    pub(super) fn process_name(_pid: u32) -> String {
+        String::new()
+    }
+
+    /// Unknown.
+    pub(super) fn flock_holder(_file: &File) -> Option<u32> {
+        None
     }
 }

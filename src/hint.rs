@@ -20,20 +20,7 @@ pub use crate::shell::quote as shell_quote;
 use crate::shell::quote_os;
 use crate::store::AnyStore;
 
-/// How the hint names the store variable: the shell's spelling.
-#[cfg(unix)]
-const STORE_VARIABLE: &str = "\"$SKILL_LOCK_STORE\"";
-/// How the hint names the store variable: PowerShell's spelling (cmd's
-/// would be %SKILL_LOCK_STORE%).
-#[cfg(windows)]
-const STORE_VARIABLE: &str = "$env:SKILL_LOCK_STORE";
-
-/// The program's file name as a shell finds it on PATH.
-const PROGRAM: &str = if cfg!(windows) {
-    "skill-lock.exe"
-} else {
-    "skill-lock"
-};
+use sys::{PROGRAM, STORE_VARIABLE, call, is_executable, same_file};
 
 /// The `release --force` command line for `key` in the settings' store
 /// (`store`, as opened: a git store knows where its remote resolved to).
@@ -128,17 +115,6 @@ fn launcher(env: &Environment) -> String {
     }
 }
 
-/// A quoted program path made a command: as is for a POSIX shell;
-/// PowerShell's call operator `&` before it on Windows (PowerShell reads a
-/// quoted word first as a string; in cmd, paste the line without `& `).
-fn call(program: String) -> String {
-    if cfg!(windows) && program.starts_with(['"', '\'']) {
-        format!("& {program}")
-    } else {
-        program
-    }
-}
-
 /// `PATH` as the operator's shell has it: under uv (`uvx --from ...`), the
 /// first entry is uv's tool environment, which only this process sees, so a
 /// hint that relied on it would say "command not found" when pasted.
@@ -162,32 +138,72 @@ fn on_path(dirs: &[PathBuf], name: &str) -> Option<PathBuf> {
         .find(|candidate| is_executable(candidate))
 }
 
+/// The shell's spellings and file checks: a POSIX shell's on Unix.
 #[cfg(unix)]
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
+mod sys {
+    use std::path::Path;
 
-#[cfg(not(unix))]
-fn is_executable(p: &Path) -> bool {
-    p.is_file()
-}
+    /// How the hint names the store variable: the shell's spelling.
+    pub(super) const STORE_VARIABLE: &str = "\"$SKILL_LOCK_STORE\"";
 
-/// Are `a` and `b` the same file (same device and inode, links followed)?
-#[cfg(unix)]
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => false,
+    /// The program's file name as a shell finds it on PATH.
+    pub(super) const PROGRAM: &str = "skill-lock";
+
+    /// A quoted program path made a command: as is for a POSIX shell.
+    pub(super) fn call(program: String) -> String {
+        program
+    }
+
+    /// An executable regular file.
+    pub(super) fn is_executable(p: &Path) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    }
+
+    /// Are `a` and `b` the same file (same device and inode, links followed)?
+    pub(super) fn same_file(a: &Path, b: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
     }
 }
 
-#[cfg(not(unix))]
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
+/// The shell's spellings and file checks: PowerShell's on Windows.
+#[cfg(windows)]
+mod sys {
+    use std::path::Path;
+
+    /// How the hint names the store variable: PowerShell's spelling (cmd's
+    /// would be %SKILL_LOCK_STORE%).
+    pub(super) const STORE_VARIABLE: &str = "$env:SKILL_LOCK_STORE";
+
+    /// The program's file name as a shell finds it on PATH.
+    pub(super) const PROGRAM: &str = "skill-lock.exe";
+
+    /// A quoted program path made a command: PowerShell's call operator
+    /// `&` before it (PowerShell reads a quoted word first as a string; in
+    /// cmd, paste the line without `& `).
+    pub(super) fn call(program: String) -> String {
+        if program.starts_with(['"', '\'']) {
+            format!("& {program}")
+        } else {
+            program
+        }
+    }
+
+    /// A regular file (Windows runs any by its extension).
+    pub(super) fn is_executable(p: &Path) -> bool {
+        p.is_file()
+    }
+
+    /// Are `a` and `b` the same file (canonical paths)?
+    pub(super) fn same_file(a: &Path, b: &Path) -> bool {
+        match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        }
     }
 }
 

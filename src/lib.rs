@@ -47,6 +47,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod flock;
+mod group;
 pub mod hint;
 pub mod history;
 pub mod key;
@@ -56,22 +57,12 @@ pub mod liveness;
 pub mod output;
 pub mod record;
 pub mod root;
-#[cfg(unix)]
 pub mod run;
-#[cfg(windows)]
-#[path = "run/windows.rs"]
-pub mod run;
-pub mod shell;
-#[cfg(unix)]
-pub mod signals;
-#[cfg(windows)]
-#[path = "signals_windows.rs"]
-pub mod signals;
+mod shell;
+mod signals;
 pub mod store;
 pub mod vars;
 pub mod visible;
 pub mod wait;
-#[cfg(windows)]
-pub mod win;
 
 pub use cli::run;

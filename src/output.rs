@@ -456,7 +456,7 @@ impl Report {
         about: About,
         fence: u64,
         others_since: Option<bool>,
-        ran: &crate::run::Ran,
+        ran: &crate::run::Completion,
     ) -> Self {
         Self::Ran(Ran {
             about,

@@ -16,20 +16,16 @@
 
 use crate::record::Holder;
 
-#[cfg(target_os = "linux")]
-mod linux;
-#[cfg(target_os = "linux")]
-use linux as os;
-#[cfg(all(unix, not(target_os = "linux")))]
-mod fallback;
-#[cfg(all(unix, not(target_os = "linux")))]
-use fallback as os;
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as sys;
 #[cfg(windows)]
 mod windows;
 #[cfg(windows)]
-use windows as os;
-#[cfg(windows)]
-pub use windows::{group_alive, pid_exists};
+use windows as sys;
+
+pub use sys::{group_alive, pid_exists};
 
 /// Where a process runs, as far as it can be known for certain.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,7 +59,7 @@ impl Origin {
             if host_override().is_some() {
                 Self::default()
             } else {
-                os::origin()
+                sys::origin()
             }
         })
     }
@@ -84,91 +80,21 @@ fn host_override() -> Option<String> {
 #[must_use]
 pub fn hostname() -> String {
     host_override()
-        .or_else(system_hostname)
+        .or_else(sys::system_hostname)
         .unwrap_or_else(|| "localhost".to_owned())
-}
-
-#[cfg(windows)]
-use os::system_hostname;
-
-#[cfg(unix)]
-fn system_hostname() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
-    // when the name fits (POSIX).
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec())
-        .ok()
-        .filter(|h| !h.is_empty())
 }
 
 /// Milliseconds on the boot-time clock (Linux `CLOCK_BOOTTIME`), where the
 /// OS has one.
 #[must_use]
 pub fn boot_ms() -> Option<u64> {
-    os::boot_ms()
+    sys::boot_ms()
 }
 
 /// Start time of a process (opaque units, comparable on one boot), if known.
 #[must_use]
 pub fn process_start(pid: u32) -> Option<u64> {
-    os::process_start(pid)
-}
-
-/// Does a process with this pid exist here? (`None`: cannot tell.)
-#[cfg(unix)]
-#[must_use]
-pub fn pid_exists(pid: u32) -> Option<bool> {
-    let Ok(raw) = libc::pid_t::try_from(pid) else {
-        return Some(false);
-    };
-    if raw <= 0 {
-        return Some(false);
-    }
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    let rc = unsafe { libc::kill(raw, 0) };
-    if rc == 0 {
-        return Some(true);
-    }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::ESRCH) => Some(false),
-        Some(libc::EPERM) => Some(true),
-        _ => None,
-    }
-}
-
-/// Is any process of group `pgid` alive on this host? (`None`: cannot tell.)
-///
-/// `leader_start` is the recorded start time of the group's first leader
-/// (whose pid is the group id): a live process with that pid but another
-/// start time proves the group ended and its id was reused, since a group id
-/// is never handed out as a pid while any member of that group lives. A
-/// group whose members are all zombies writes nothing more: it is gone.
-#[cfg(unix)]
-#[must_use]
-pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
-    let raw = match libc::pid_t::try_from(pgid) {
-        Ok(raw) if raw > 1 => raw,
-        _ => return Some(false),
-    };
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    if unsafe { libc::kill(-raw, 0) } != 0 {
-        match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::ESRCH) => return Some(false),
-            Some(libc::EPERM) => {}
-            _ => return None,
-        }
-    }
-    if let (Some(recorded), Some(current)) = (leader_start, process_start(pgid))
-        && recorded != current
-    {
-        return Some(false);
-    }
-    Some(os::group_has_running_member(pgid).unwrap_or(true))
+    sys::process_start(pid)
 }
 
 /// Every process that `run`'s keeper `root` owns (SPEC §2.7): its
@@ -179,7 +105,7 @@ pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
 /// signals the group).
 #[must_use]
 pub fn tree(root: u32) -> Option<Vec<u32>> {
-    os::tree(root)
+    sys::tree(root)
 }
 
 /// The verdict on a `run` lock's process group, where the record names one
@@ -195,7 +121,7 @@ pub fn group_verdict(holder: &Holder, here: &Origin) -> Option<bool> {
     group_alive(pgid, holder.group_start)
 }
 
-fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
+pub(crate) fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
     matches!((a, b), (Some(x), Some(y)) if x == y)
 }
 
@@ -207,17 +133,7 @@ fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
 /// too.
 #[must_use]
 pub fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
-    #[cfg(windows)]
-    {
-        os::pid_comparable(holder, here)
-    }
-    #[cfg(unix)]
-    {
-        same(holder.boot_id.as_ref(), here.boot_id.as_ref())
-            && same(holder.pid_ns.as_ref(), here.pid_ns.as_ref())
-            && (os::initial_pid_ns(here.pid_ns)
-                || same(holder.pid_ns_start.as_ref(), here.pid_ns_start.as_ref()))
-    }
+    sys::pid_comparable(holder, here)
 }
 
 /// True when `holder` was certainly written on this machine before its
@@ -259,7 +175,7 @@ mod tests {
     use crate::record::tests::sample;
 
     fn here_now() -> Origin {
-        let mut o = os::origin();
+        let mut o = sys::origin();
         // Judge as the machine itself would, even inside this test's container.
         o.machine = Some("this-machine".into());
         o

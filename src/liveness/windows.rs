@@ -15,12 +15,16 @@
 //! its image's MachineGuid, so inside one no machine is certain and every
 //! record is judged by its lease alone, as is one from any other machine.
 
+use std::os::windows::io::{AsRawHandle, BorrowedHandle, FromRawHandle, OwnedHandle};
+
 use sha2::{Digest, Sha256};
-use windows_sys::Win32::System::Threading::PROCESS_QUERY_LIMITED_INFORMATION;
+use windows_sys::Win32::Foundation::{ERROR_SUCCESS, FILETIME};
+use windows_sys::Win32::System::Threading::{
+    GetProcessTimes, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+};
 
 use super::Origin;
 use crate::record::Holder;
-use crate::win;
 
 const CONTROL: &str = r"SYSTEM\CurrentControlSet\Control";
 const PREFETCH: &str =
@@ -39,10 +43,10 @@ pub(super) fn origin() -> Origin {
 /// The machine, unless inside a container: a hash of MachineGuid (the id
 /// itself is never stored).
 fn certain_machine() -> Option<String> {
-    if win::registry_has(CONTROL, "ContainerType") {
+    if registry_has(CONTROL, "ContainerType") {
         return None;
     }
-    let guid = win::registry_string(r"SOFTWARE\Microsoft\Cryptography", "MachineGuid")?;
+    let guid = registry_string(r"SOFTWARE\Microsoft\Cryptography", "MachineGuid")?;
     let digest = Sha256::digest(format!(
         "skill-lock machine windows {}",
         guid.to_ascii_lowercase()
@@ -93,7 +97,7 @@ pub(super) fn boot_ms() -> Option<u64> {
 }
 
 pub(super) fn process_start(pid: u32) -> Option<u64> {
-    win::process_creation(pid)
+    process_creation(pid)
 }
 
 /// Does a running process with this pid exist here? (`None`: cannot tell.)
@@ -102,10 +106,10 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
     if pid == 0 {
         return Some(false);
     }
-    match win::open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION) {
+    match open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION) {
         Ok(None) => Some(false),
         // An exited process whose object someone still holds is gone.
-        Ok(Some(h)) => Some(win::running(std::os::windows::io::AsHandle::as_handle(&h))),
+        Ok(Some(h)) => Some(running(std::os::windows::io::AsHandle::as_handle(&h))),
         // Access denied: it exists, and is someone else's.
         Err(e) if e.raw_os_error() == Some(5) => Some(true),
         Err(_) => None,
@@ -150,4 +154,117 @@ pub(super) fn system_hostname() -> Option<String> {
     }
     let name = String::from_utf16_lossy(buf.get(..usize::try_from(len).ok()?)?);
     (!name.is_empty()).then_some(name)
+}
+
+// ---------------------------------------------------- processes, registry
+
+fn filetime(ft: FILETIME) -> u64 {
+    (u64::from(ft.dwHighDateTime) << 32) | u64::from(ft.dwLowDateTime)
+}
+
+/// A process by pid: `Ok(None)` when no such process exists here.
+///
+/// # Errors
+/// The OS error (access denied: it exists, but is not ours to query).
+fn open_process(pid: u32, access: u32) -> std::io::Result<Option<OwnedHandle>> {
+    // SAFETY: plain call; the handle is owned below.
+    let h = unsafe { OpenProcess(access, 0, pid) };
+    if h.is_null() {
+        let e = std::io::Error::last_os_error();
+        // ERROR_INVALID_PARAMETER: no process has this pid.
+        return if e.raw_os_error() == Some(87) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    // SAFETY: a handle OpenProcess just returned.
+    Ok(Some(unsafe { OwnedHandle::from_raw_handle(h) }))
+}
+
+/// Is the process open at `h` still running (not exited)?
+#[must_use]
+fn running(h: BorrowedHandle<'_>) -> bool {
+    use windows_sys::Win32::System::Threading::WaitForSingleObject;
+    // SAFETY: a valid process handle; a zero timeout only polls.
+    let rc = unsafe { WaitForSingleObject(h.as_raw_handle(), 0) };
+    rc == 0x0000_0102 // WAIT_TIMEOUT
+}
+
+/// The creation time of process `pid` (100 ns since 1601), if it exists
+/// and may be queried.
+#[must_use]
+fn process_creation(pid: u32) -> Option<u64> {
+    let h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION).ok()??;
+    let zero = FILETIME {
+        dwLowDateTime: 0,
+        dwHighDateTime: 0,
+    };
+    let (mut created, mut exited, mut kernel, mut user) = (zero, zero, zero, zero);
+    // SAFETY: a valid process handle and out-pointers.
+    let ok = unsafe {
+        GetProcessTimes(
+            h.as_raw_handle(),
+            &raw mut created,
+            &raw mut exited,
+            &raw mut kernel,
+            &raw mut user,
+        )
+    };
+    (ok != 0).then(|| filetime(created))
+}
+
+/// Reads the string value `value` of `HKLM\key` (64-bit view).
+#[must_use]
+fn registry_string(key: &str, value: &str) -> Option<String> {
+    use windows_sys::Win32::System::Registry::{
+        HKEY_LOCAL_MACHINE, RRF_RT_REG_SZ, RRF_SUBKEY_WOW6464KEY, RegGetValueW,
+    };
+    let wide = |s: &str| s.encode_utf16().chain([0]).collect::<Vec<u16>>();
+    let (k, v) = (wide(key), wide(value));
+    let mut buf = [0u16; 256];
+    let mut len = u32::try_from(buf.len() * 2).unwrap_or(512);
+    // SAFETY: NUL-terminated names and a buffer of `len` bytes.
+    let rc = unsafe {
+        RegGetValueW(
+            HKEY_LOCAL_MACHINE,
+            k.as_ptr(),
+            v.as_ptr(),
+            RRF_RT_REG_SZ | RRF_SUBKEY_WOW6464KEY,
+            std::ptr::null_mut(),
+            buf.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    if rc != ERROR_SUCCESS {
+        return None;
+    }
+    let n = usize::try_from(len).unwrap_or(0) / 2;
+    let s = String::from_utf16_lossy(buf.get(..n)?);
+    let s = s.trim_end_matches('\0').trim();
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// Does the registry value `HKLM\key\value` exist (any type)?
+#[must_use]
+fn registry_has(key: &str, value: &str) -> bool {
+    use windows_sys::Win32::System::Registry::{
+        HKEY_LOCAL_MACHINE, RRF_RT_ANY, RRF_SUBKEY_WOW6464KEY, RegGetValueW,
+    };
+    let wide = |s: &str| s.encode_utf16().chain([0]).collect::<Vec<u16>>();
+    let (k, v) = (wide(key), wide(value));
+    let mut len = 0u32;
+    // SAFETY: NUL-terminated names; a null buffer asks for the size only.
+    let rc = unsafe {
+        RegGetValueW(
+            HKEY_LOCAL_MACHINE,
+            k.as_ptr(),
+            v.as_ptr(),
+            RRF_RT_ANY | RRF_SUBKEY_WOW6464KEY,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &raw mut len,
+        )
+    };
+    rc == ERROR_SUCCESS
 }

@@ -1,10 +1,18 @@
 //! `run` (SPEC §2.7): the command-wrapper mode of flock(1) for callers with a
 //! stable pid.
 //!
-//! The owner of the lock is **everything CMD starts**, not this wrapper:
+//! The logic is written once, here: the acquire, the supervisor's watch
+//! loop, the renewal worker and the verdict on each renewal, the ending and
+//! `run`'s exit status. What owns CMD's processes is the platform's
+//! (`unix.rs`: a keeper process, `windows.rs`: a Job Object), behind one
+//! `sys::CmdTree` with the same functions on both, which reports what
+//! happens to the tree as `TreeReport`s.
+//!
+//! On Unix the owner of the lock is **everything CMD starts**, not this
+//! wrapper:
 //!
 //! 1. CMD is resolved on PATH before the lock is touched ([`resolve`]).
-//! 2. A [`Keeper`] is started first (this binary again, `keeper.rs`): it
+//! 2. A keeper is started first (this binary again, `unix/keeper.rs`): it
 //!    leads a process group of its own, outside the wrapper's group, and on
 //!    Linux is a child subreaper. The wrapper hands it, over a pipe, how to
 //!    release the lock ([`Reach`]: the store's URL never in an argument).
@@ -22,7 +30,7 @@
 //!    the keeper's tree even when it leaves the group or the session: it
 //!    is re-parented to the keeper, not to init. Forwarded signals go to
 //!    every process of the tree.
-//! 4. A [`Renewer`] keeps the end of the lease it last confirmed on a clock
+//! 4. A `Renewer` keeps the end of the lease it last confirmed on a clock
 //!    that never steps and counts suspend, renews every ttl/3, retries a
 //!    failed renewal quickly, and names the moment to stop: a margin before
 //!    that end. At that moment (or as soon as a renewal finds the lock lost)
@@ -41,19 +49,31 @@
 //!    stops what it can reach of CMD (its process group), never releases
 //!    (a process CMD started may live on where nobody sees it), leaves the
 //!    lock to its lease, and reports `"lost": true`.
+//!
+//! On Windows (SPEC §10) the owner of the lock is this wrapper (`owner_pid`,
+//! with its creation time), and CMD with everything it starts lives in a
+//! Job Object that kills every process in it when its last handle closes,
+//! which this wrapper holds: nothing outlives the wrapper, so its death
+//! proves CMD's processes gone (see `windows.rs`).
 
-mod keeper;
+mod outcome;
 mod reach;
 mod renewer;
-mod terminal;
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as sys;
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as sys;
 
-pub use keeper::{KEEPER_ARG, Keeper, ReleaseOrder, Report, main_if_keeper};
+pub use outcome::{Completion, OTHERS_SINCE_VAR, Outcome, lease_env};
 pub use reach::Reach;
-pub use renewer::{Margins, Renewer};
+pub use sys::{main_if_keeper, resolve};
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -61,14 +81,11 @@ use std::time::Duration;
 use crate::engine::{self, Acquire, AcquireRequest, Context, Renew};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::liveness;
 use crate::signals::{self, Signals};
 use crate::store::Store;
 use crate::wait::{self, Waited};
-use terminal::Terminal;
-
-mod outcome;
-pub use outcome::{OTHERS_SINCE_VAR, Outcome, Ran, lease_env};
+use renewer::{Margins, Renewer};
+use sys::CmdTree;
 
 /// Prepares signal handling; call before any other thread is started.
 pub fn prepare() {
@@ -77,132 +94,36 @@ pub fn prepare() {
 
 pub use crate::clock::lease_clock;
 
-/// Finds CMD's program as exec would (a name with a `/` as given, else the
-/// first executable file of that name on PATH), so that a command that
-/// cannot be started is an error before the lock is touched.
-///
-/// # Errors
-/// [`Error::Usage`] when there is no command, or it is not found or not
-/// executable.
-pub fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathBuf> {
-    let Some(program) = cmd.first() else {
-        return Err(Error::Usage("run needs a command after --".into()));
-    };
-    let name = Path::new(program);
-    let found = if program.is_empty() {
-        None
-    } else if program.as_encoded_bytes().contains(&b'/') {
-        executable(name).then(|| name.to_path_buf())
-    } else {
-        let path = path.unwrap_or_else(|| std::ffi::OsStr::new("/usr/bin:/bin"));
-        std::env::split_paths(path)
-            .map(|dir| {
-                if dir.as_os_str().is_empty() {
-                    PathBuf::from(".").join(name)
-                } else {
-                    dir.join(name)
-                }
-            })
-            .find(|candidate| executable(candidate))
-    };
-    found.ok_or_else(|| {
-        Error::Usage(format!(
-            "cannot run {:?}: no executable file of that name{}; check the command name, its permissions and PATH (nothing was locked)",
-            program.to_string_lossy(),
-            if name.components().count() > 1 { "" } else { " on PATH" },
-        ))
-    })
-}
-
-fn executable(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(meta) = std::fs::metadata(path) else {
-        return false;
-    };
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: a valid NUL-terminated path.
-    meta.is_file() && unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } == 0
-}
-
-#[cfg(target_os = "linux")]
-pub(super) unsafe fn errno() -> *mut libc::c_int {
-    // SAFETY: always valid for the calling thread.
-    unsafe { libc::__errno_location() }
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(super) unsafe fn errno() -> *mut libc::c_int {
-    // SAFETY: always valid for the calling thread.
-    unsafe { libc::__error() }
-}
-
-/// Signals and polls a process group until none of it is left: CMD's,
-/// whose id is CMD's pid, with its leader's start time (a live process
-/// with that pid and another start time is not of it).
-#[derive(Debug, Clone, Copy)]
-struct Group {
-    pgid: u32,
-    start: Option<u64>,
-}
-
-impl Group {
-    /// CMD's group, CMD having started with this pid.
-    fn of_cmd(pid: u32) -> Self {
-        Self {
-            pgid: pid,
-            start: liveness::process_start(pid),
-        }
-    }
-
-    fn alive(self) -> bool {
-        liveness::group_alive(self.pgid, self.start) != Some(false)
-    }
-
-    /// Polls until the group is gone or `limit` passed; true when gone.
-    fn gone_within(self, limit: Duration) -> bool {
-        let until = lease_clock() + limit;
-        loop {
-            if !self.alive() {
-                return true;
-            }
-            if lease_clock() >= until {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// SIGTERM, then SIGKILL after `grace`; returns the last signal sent
-    /// (None when nothing was left to stop).
-    fn stop(self, grace: Duration) -> Option<libc::c_int> {
-        if !self.alive() {
-            return None;
-        }
-        signals::send_group(self.pgid, libc::SIGTERM);
-        // A stopped member acts on SIGTERM only once continued.
-        signals::send_group(self.pgid, libc::SIGCONT);
-        if self.gone_within(grace) {
-            return Some(libc::SIGTERM);
-        }
-        signals::send_group(self.pgid, libc::SIGKILL);
-        if !self.gone_within(Duration::from_secs(5)) {
-            eprintln!(
-                "skill-lock run: process group {} survives SIGKILL (a process in uninterruptible sleep?)",
-                self.pgid
-            );
-        }
-        Some(libc::SIGKILL)
-    }
+/// What the owner of CMD's tree reports to the supervisor (the keeper over
+/// its pipe on Unix; the job's watcher thread on Windows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TreeReport {
+    /// CMD started with this pid.
+    Started(u32),
+    /// CMD could not be started (the reason).
+    Failed(String),
+    /// CMD itself ended; `leftovers`: processes it started are still alive
+    /// (they are being stopped).
+    Exited {
+        /// CMD's wait status (None: it could not be read).
+        status: Option<ExitStatus>,
+        /// Something of CMD's was left running.
+        leftovers: bool,
+    },
+    /// No process of CMD's is left.
+    Empty,
+    /// The owner of the tree vanished before [`TreeReport::Empty`] (the
+    /// keeper was killed; a Job Object cannot vanish while `run` holds it).
+    #[cfg_attr(windows, allow(dead_code, reason = "only a keeper can vanish"))]
+    Gone,
 }
 
 /// What the supervisor waits for.
 // A handful per ttl/3: boxing would buy nothing.
 #[allow(clippy::large_enum_variant)]
-enum Event {
+enum Notice {
     Signal(libc::c_int),
-    Keeper(Report),
+    Tree(TreeReport),
     Renewal {
         began: Duration,
         result: Result<Renew>,
@@ -219,14 +140,16 @@ struct Lease<'a> {
     began: Duration,
 }
 
-/// Acquires (waiting as asked, ended by a signal), has the keeper run CMD
-/// (`program`, found by [`resolve`] before anything touched the lock, with
-/// the words `cmd`) as the first process of the tree it owns, supervises
-/// the lease, and releases once no process of that tree is left (SPEC §2.7);
-/// `reach` tells the keeper how to release it should this wrapper die.
+/// Acquires (waiting as asked, ended by a signal), has CMD (`program`,
+/// found by [`resolve`] before anything touched the lock, with the words
+/// `cmd`) run as the first process of a tree the platform owns, supervises
+/// the lease, and releases once no process of that tree is left (SPEC
+/// §2.7); `reach` tells the keeper how to release it should this wrapper
+/// die (Unix; on Windows nothing outlives the wrapper).
 ///
 /// # Errors
-/// Store failures of the acquire; the keeper or CMD failing to start.
+/// Store failures of the acquire; the keeper, the job or CMD failing to
+/// start.
 #[allow(clippy::too_many_arguments)]
 pub fn execute<S: Store + Clone + Send + 'static>(
     store: &S,
@@ -239,16 +162,11 @@ pub fn execute<S: Store + Clone + Send + 'static>(
     clock: &crate::engine::Clock,
 ) -> Result<Outcome> {
     let signals = Signals::listen();
-    let order = ReleaseOrder {
-        args: reach.release_args(key.skill(), key.repo()),
-        store: reach.store.clone().map(OsString::from),
-    };
-    let mut keeper = Keeper::start(Margins::of(req.ttl).grace, program, cmd, &order)?;
-    // Held while the keeper lives, even past `expires` (it lives as long as
-    // any process of the tree); once it is gone, by the lease alone: no pid
-    // whose death would make the lock stale while a daemon of CMD's runs.
-    req.owner_pid = None;
-    req.owner_pgid = Some(keeper.pgid());
+    let mut tree = CmdTree::start(Margins::of(req.ttl).grace, program, cmd, key, reach)?;
+    // The record names whose life holds the lock (Unix: the keeper's
+    // group, held while any process of the tree lives; Windows: this
+    // wrapper, whose death takes the whole job with it).
+    (req.owner_pid, req.owner_pgid) = tree.owner();
     let ttl = req.ttl;
     let waited =
         wait::acquire_interruptible(store, key, &req, wait, clock, &mut |d| signals.next(d));
@@ -275,11 +193,11 @@ pub fn execute<S: Store + Clone + Send + 'static>(
         began,
     };
     if let Some(sig) = signals.next(Duration::ZERO) {
-        keeper.quit();
+        tree.quit();
         let _ = engine::release(store, key, Some(&lease.token), false, &Context::here());
         return Ok(Outcome::Interrupted(sig));
     }
-    let ran = supervise(store, &lease, keeper, signals)?;
+    let ran = supervise(store, &lease, tree, signals)?;
     Ok(Outcome::Ran {
         fence,
         others_since,
@@ -292,29 +210,24 @@ pub fn execute<S: Store + Clone + Send + 'static>(
 fn supervise<S: Store + Clone + Send + 'static>(
     store: &S,
     lease: &Lease,
-    mut keeper: Keeper,
+    mut tree: CmdTree,
     signals: Signals,
-) -> Result<Ran> {
+) -> Result<Completion> {
     let mut renewer = Renewer::new(lease.ttl, lease.began);
-    keeper.arm(renewer.stop_at());
-    let terminal = Terminal::ours_in_foreground();
-    keeper.go(
-        &lease.token,
-        lease.fence,
-        lease.others_since,
-        terminal.is_some(),
-    );
+    tree.arm(renewer.stop_at());
+    tree.go(&lease.token, lease.fence, lease.others_since);
     let (tx, rx) = mpsc::channel();
-    keeper.reports(tx.clone(), Event::Keeper);
-    signals.forward(tx.clone(), Event::Signal);
+    tree.reports(tx.clone(), Notice::Tree);
+    signals.forward(tx.clone(), Notice::Signal);
     let renew = renewal_worker(store, lease, tx);
-    let watched = watch(&rx, &renew, &mut renewer, &mut keeper);
+    let watched = watch(&rx, &renew, &mut renewer, &mut tree);
     drop(renew);
     let grace = renewer.margins().grace;
+    let mut last_signal = watched.last_signal;
     let (status, lost, ending, stopped_with) = match watched.end {
         End::Failed(message) => {
-            keeper.reap();
-            drop(terminal);
+            tree.reap();
+            tree.take_back_terminal();
             let _ = engine::release(
                 store,
                 lease.key,
@@ -325,23 +238,22 @@ fn supervise<S: Store + Clone + Send + 'static>(
             return Err(Error::Usage(message));
         }
         End::Done(status) => (status, false, Ending::Empty, None),
-        End::Lost(status, true) => (status, true, Ending::Empty, Some(libc::SIGTERM)),
+        End::Lost(status, true) => (status, true, Ending::Empty, Some(signals::SIGTERM)),
         End::Lost(status, false) => {
-            keeper.stop();
-            let (status, ending) = settle(&rx, &mut keeper, status, grace + Duration::from_secs(5));
-            (status, true, ending, Some(libc::SIGTERM))
+            tree.stop();
+            let limit = grace + Duration::from_secs(5);
+            let (status, ending) = settle(&rx, &mut tree, status, limit, &mut last_signal);
+            (status, true, ending, Some(signals::SIGTERM))
         }
-        End::KeeperGone(status) => (status, true, Ending::KeeperGone, None),
+        End::TreeGone(status) => (status, true, Ending::TreeGone, None),
     };
-    // What is left of CMD's group, where the keeper could not stop it (it
+    // What is left of CMD's group where the keeper could not stop it (it
     // was killed); usually nothing.
     let stopped_with = match ending {
         Ending::Survivors => stopped_with,
-        Ending::Empty | Ending::KeeperGone => {
-            watched.group.and_then(|g| g.stop(grace)).or(stopped_with)
-        }
+        Ending::Empty | Ending::TreeGone => tree.stop_what_is_left(grace).or(stopped_with),
     };
-    drop(terminal);
+    tree.take_back_terminal();
     let released = match ending {
         Ending::Empty => {
             let released = matches!(
@@ -354,84 +266,96 @@ fn supervise<S: Store + Clone + Send + 'static>(
                 ),
                 Ok(engine::Release::Released { .. })
             );
-            keeper.done();
-            keeper.reap();
+            tree.done();
+            tree.reap();
             released
         }
-        Ending::KeeperGone | Ending::Survivors => false,
+        Ending::TreeGone | Ending::Survivors => false,
     };
-    Ok(ran(status, lost, stopped_with, watched.renewals, released))
+    let end = TreeEnd {
+        status,
+        lost,
+        stopped_with,
+        last_signal,
+    };
+    Ok(completion(&end, watched.renewals, released))
 }
 
 /// How the tree ended, for the release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
-    /// The keeper reported that no process of it is left: release.
+    /// The tree's owner reported that no process of it is left: release.
     Empty,
     /// The keeper vanished (SIGKILLed by pid): a process CMD started may
     /// still run where no one sees it, so the lock is never released here
     /// but left to its lease (SPEC §2.7).
-    KeeperGone,
-    /// Processes survive SIGKILL: the keeper goes on stopping them and
-    /// releases itself once they end (this wrapper's pipe closes unsaid).
+    TreeGone,
+    /// Processes survive SIGKILL (termination of the job): the lock is
+    /// not released here (on Unix the keeper goes on stopping them and
+    /// releases itself once they end).
     Survivors,
 }
 
-/// After the keeper was told to stop the tree: waits (at most `limit`) for
-/// it to report that none is left; CMD's status when seen, and how the
-/// tree ended.
+/// After the tree was told to stop: waits (at most `limit`) for its owner
+/// to report that none is left; CMD's status when seen, and how the tree
+/// ended.
 fn settle(
-    rx: &mpsc::Receiver<Event>,
-    keeper: &mut Keeper,
+    rx: &mpsc::Receiver<Notice>,
+    tree: &mut CmdTree,
     mut status: Option<ExitStatus>,
     limit: Duration,
+    last_signal: &mut Option<libc::c_int>,
 ) -> (Option<ExitStatus>, Ending) {
     let until = lease_clock() + limit;
     while let Some(left) = until.checked_sub(lease_clock()) {
         match rx.recv_timeout(left) {
-            Ok(Event::Keeper(Report::Exited { status: s, .. })) => status = Some(s),
-            Ok(Event::Keeper(Report::Empty)) => return (status, Ending::Empty),
-            Ok(Event::Keeper(Report::Gone)) => {
-                say_keeper_gone();
-                return (status, Ending::KeeperGone);
+            Ok(Notice::Tree(TreeReport::Exited { status: s, .. })) => status = s,
+            Ok(Notice::Tree(TreeReport::Empty)) => return (status, Ending::Empty),
+            Ok(Notice::Tree(TreeReport::Gone)) => {
+                eprintln!("{}", sys::TREE_GONE);
+                return (status, Ending::TreeGone);
             }
-            Ok(Event::Signal(sig)) => keeper.signal(sig),
+            Ok(Notice::Signal(sig)) => {
+                *last_signal = Some(sig);
+                tree.signal(sig);
+            }
             Ok(_) => {}
             Err(_) => break,
         }
     }
-    eprintln!(
-        "skill-lock run: processes the command started survive SIGKILL (uninterruptible sleep?); the keeper goes on stopping them and releases the lock once they end"
-    );
+    eprintln!("{}", sys::SURVIVORS);
     (status, Ending::Survivors)
 }
 
-fn say_keeper_gone() {
-    eprintln!(
-        "skill-lock run: the keeper of the command's processes is gone (killed?); stopping what is left of the command's process group; the lock is not released (a process the command started may still run) but left to its lease"
-    );
+/// How CMD's tree came to its end, for `run`'s exit status.
+struct TreeEnd {
+    /// CMD's own status, when seen.
+    status: Option<ExitStatus>,
+    /// The lease was lost (or about to end unconfirmed).
+    lost: bool,
+    /// The last signal the tree was stopped with, when it was.
+    stopped_with: Option<libc::c_int>,
+    /// The last signal (console event) this wrapper took.
+    last_signal: Option<libc::c_int>,
 }
 
-/// The exit status and signal `run` reports.
-fn ran(
-    status: Option<ExitStatus>,
-    lost: bool,
-    stopped_with: Option<libc::c_int>,
-    renewals: u64,
-    released: bool,
-) -> Ran {
-    let signal = status.and_then(|s| s.signal());
-    let code = status.and_then(|s| s.code());
-    let exit_status = match (lost, code, signal) {
-        (true, _, Some(s)) | (false, None, Some(s)) => crate::signals::exit_status(s),
-        (true, _, None) => crate::signals::exit_status(stopped_with.unwrap_or(libc::SIGTERM)),
-        (false, Some(c), _) => u8::try_from(c & 0xff).unwrap_or(1),
+/// The exit status and signal `run` reports: CMD's code, or 128+the signal
+/// that ended it; 128+the signal the tree was stopped with (SIGTERM when
+/// none) when the lease was lost.
+fn completion(end: &TreeEnd, renewals: u64, released: bool) -> Completion {
+    let (code, signal) = end
+        .status
+        .map_or((None, None), |s| sys::ended(s, end.last_signal));
+    let exit_status = match (end.lost, code, signal) {
+        (true, _, Some(s)) | (false, None, Some(s)) => signals::exit_status(s),
+        (true, _, None) => signals::exit_status(end.stopped_with.unwrap_or(signals::SIGTERM)),
+        (false, Some(c), _) => c,
         (false, None, None) => 1,
     };
-    Ran {
+    Completion {
         exit_status,
-        signal: signal.or(if lost { stopped_with } else { None }),
-        lost,
+        signal: signal.or(if end.lost { end.stopped_with } else { None }),
+        lost: end.lost,
         renewals,
         released,
     }
@@ -442,7 +366,7 @@ fn ran(
 fn renewal_worker<S: Store + Clone + Send + 'static>(
     store: &S,
     lease: &Lease,
-    events: mpsc::Sender<Event>,
+    notices: mpsc::Sender<Notice>,
 ) -> mpsc::Sender<()> {
     let (tx, rx) = mpsc::channel::<()>();
     let (store, key, token, ttl) = (
@@ -455,7 +379,7 @@ fn renewal_worker<S: Store + Clone + Send + 'static>(
         while rx.recv().is_ok() {
             let began = lease_clock();
             let result = engine::renew(&store, &key, Some(&token), Some(ttl), &Context::here());
-            if events.send(Event::Renewal { began, result }).is_err() {
+            if notices.send(Notice::Renewal { began, result }).is_err() {
                 return;
             }
         }
@@ -468,34 +392,50 @@ enum End {
     /// No process of CMD's tree is left; CMD's status.
     Done(Option<ExitStatus>),
     /// The lease was lost or ends unconfirmed; CMD's status, when already
-    /// seen, and whether the keeper already reported the tree gone.
+    /// seen, and whether the tree was already reported gone.
     Lost(Option<ExitStatus>, bool),
-    /// CMD could not be started (the keeper's reason).
+    /// CMD could not be started (the reason).
     Failed(String),
-    /// The keeper vanished before the tree was empty; CMD's status, if seen.
-    KeeperGone(Option<ExitStatus>),
+    /// The owner of the tree vanished before the tree was empty; CMD's
+    /// status, if seen.
+    TreeGone(Option<ExitStatus>),
 }
 
 /// What the watch came to.
 struct Watched {
     end: End,
     renewals: u64,
-    /// CMD's process group, once the keeper reported CMD started.
-    group: Option<Group>,
+    last_signal: Option<libc::c_int>,
+}
+
+/// What the watch keeps while it runs.
+#[derive(Default)]
+struct Seen {
+    renewals: u64,
+    exited: Option<ExitStatus>,
+    last_signal: Option<libc::c_int>,
+}
+
+impl Seen {
+    fn ended(self, end: End) -> Watched {
+        Watched {
+            end,
+            renewals: self.renewals,
+            last_signal: self.last_signal,
+        }
+    }
 }
 
 /// The supervisor's loop: forwards signals, schedules renewals, and ends
 /// when no process of CMD's tree is left, or the lease is lost or about to
-/// end unconfirmed, or the keeper is gone.
+/// end unconfirmed, or the tree's owner is gone.
 fn watch(
-    rx: &mpsc::Receiver<Event>,
+    rx: &mpsc::Receiver<Notice>,
     renew: &mpsc::Sender<()>,
     renewer: &mut Renewer,
-    keeper: &mut Keeper,
+    tree: &mut CmdTree,
 ) -> Watched {
-    let mut renewals = 0;
-    let mut exited = None;
-    let mut group = None;
+    let mut seen = Seen::default();
     loop {
         let now = lease_clock();
         if now >= renewer.stop_at() {
@@ -503,90 +443,87 @@ fn watch(
                 "skill-lock run: no renewal confirmed the lease, which ends in {} ms; stopping the command and everything it started",
                 renewer.confirmed_end().saturating_sub(now).as_millis()
             );
-            let end = End::Lost(exited, false);
-            return Watched {
-                end,
-                renewals,
-                group,
-            };
+            let end = End::Lost(seen.exited, false);
+            return seen.ended(end);
         }
         if renewer.due(now) && renew.send(()).is_ok() {
             renewer.sent();
         }
         let end = match rx.recv_timeout(renewer.sleep(now)) {
-            Ok(Event::Signal(sig)) => {
-                keeper.signal(sig);
+            Ok(Notice::Signal(sig)) => {
+                seen.last_signal = Some(sig);
+                tree.signal(sig);
                 None
             }
-            Ok(Event::Keeper(report)) => {
-                if let Report::Started(pid) = report {
-                    group = Some(Group::of_cmd(pid));
+            Ok(Notice::Tree(report)) => {
+                if let TreeReport::Started(pid) = report {
+                    tree.started(pid);
                 }
-                on_report(report, &mut exited, renewer)
+                on_report(report, &mut seen.exited, renewer)
             }
-            Ok(Event::Renewal { began, result }) => {
-                on_renewal(began, result, renewer, keeper, exited, &mut renewals)
+            Ok(Notice::Renewal { began, result }) => {
+                on_renewal(began, result, renewer, tree, &mut seen)
             }
             Err(_) => None,
         };
         if let Some(end) = end {
-            return Watched {
-                end,
-                renewals,
-                group,
-            };
+            return seen.ended(end);
         }
     }
 }
 
-/// What a keeper's report means for the watch (`Some`: it ends);
+/// What a report on the tree means for the watch (`Some`: it ends);
 /// `exited` keeps CMD's status once reported.
-fn on_report(report: Report, exited: &mut Option<ExitStatus>, renewer: &Renewer) -> Option<End> {
-    if let Report::Exited { status, .. } = &report {
-        *exited = Some(*status);
+fn on_report(
+    report: TreeReport,
+    exited: &mut Option<ExitStatus>,
+    renewer: &Renewer,
+) -> Option<End> {
+    if let TreeReport::Exited { status, .. } = &report {
+        *exited = *status;
     }
-    if matches!(report, Report::Exited { .. } | Report::Empty) && lease_clock() >= renewer.stop_at()
+    if matches!(report, TreeReport::Exited { .. } | TreeReport::Empty)
+        && lease_clock() >= renewer.stop_at()
     {
-        // This wrapper was stopped or starved past the stop
-        // moment, and the keeper stopped the tree in its place.
+        // This wrapper was stopped or starved past the stop moment, and
+        // the tree was stopped in its place.
         eprintln!(
             "skill-lock run: no renewal confirmed the lease in time; the command and everything it started were stopped"
         );
-        return Some(End::Lost(*exited, report == Report::Empty));
+        return Some(End::Lost(*exited, report == TreeReport::Empty));
     }
     match report {
-        Report::Started(_) => None,
-        Report::Failed(message) => Some(End::Failed(message)),
-        Report::Exited { leftovers, .. } => {
+        TreeReport::Started(_) => None,
+        TreeReport::Failed(message) => Some(End::Failed(message)),
+        TreeReport::Exited { leftovers, .. } => {
             if leftovers {
-                eprintln!(
-                    "skill-lock run: stopping what the command left running (in its process group or not)"
-                );
+                eprintln!("{}", sys::LEFTOVERS);
             }
             None
         }
-        Report::Empty => Some(End::Done(*exited)),
-        Report::Gone => {
-            say_keeper_gone();
-            Some(End::KeeperGone(*exited))
+        TreeReport::Empty => Some(End::Done(*exited)),
+        TreeReport::Gone => {
+            eprintln!("{}", sys::TREE_GONE);
+            Some(End::TreeGone(*exited))
         }
     }
 }
 
-/// What a renewal's answer means for the watch (`Some`: the lease is lost).
+/// The verdict on a renewal's answer (`Some`: the lease is lost); a
+/// confirmed renewal moves the lease end, and the tree's stop moment, on.
 fn on_renewal(
     began: Duration,
     result: Result<Renew>,
     renewer: &mut Renewer,
-    keeper: &mut Keeper,
-    exited: Option<ExitStatus>,
-    renewals: &mut u64,
+    tree: &mut CmdTree,
+    seen: &mut Seen,
 ) -> Option<End> {
+    let exited = seen.exited;
     match result {
         Ok(Renew::Renewed { .. }) => {
             renewer.confirmed(began);
-            keeper.arm(renewer.stop_at());
-            *renewals += 1;
+            tree.arm(renewer.stop_at());
+            seen.renewals += 1;
             None
         }
         Ok(Renew::NotOwner { holder, .. }) => {
@@ -603,27 +540,5 @@ fn on_renewal(
             renewer.report_failure(&e);
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn resolve_finds_programs_and_refuses_what_cannot_start() {
-        let sh = resolve(&["sh".into()], Some(std::ffi::OsStr::new("/usr/bin:/bin"))).unwrap();
-        assert!(sh.is_absolute() && sh.ends_with("sh"), "{sh:?}");
-        assert!(resolve(&[], None).is_err());
-        assert!(resolve(&["".into()], None).is_err());
-        assert!(resolve(&["no-such-command-here".into()], None).is_err());
-        let dir = tempfile::tempdir().unwrap();
-        let plain = dir.path().join("plain");
-        std::fs::write(&plain, "#!/bin/sh\n").unwrap();
-        assert!(
-            resolve(&[plain.clone().into()], None).is_err(),
-            "not executable"
-        );
-        assert!(resolve(&[dir.path().into()], None).is_err(), "a directory");
     }
 }

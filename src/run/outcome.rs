@@ -5,7 +5,7 @@ use crate::engine::Acquire;
 
 /// How a wrapped command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ran {
+pub struct Completion {
     /// The status `run` exits with: CMD's code, or 128+signal.
     pub exit_status: u8,
     /// The signal (on Windows: the console event) that ended CMD, if any.
@@ -36,7 +36,7 @@ pub enum Outcome {
         /// The acquisition's answer to `--since` (None without it).
         others_since: Option<bool>,
         /// How it ended.
-        ran: Ran,
+        ran: Completion,
     },
 }
 

@@ -9,18 +9,15 @@
 //! (breakaway is not allowed), so what a daemonizing tool starts is in it
 //! too.
 //!
-//! 1. CMD is resolved on PATH (with PATHEXT) before the lock is touched.
-//! 2. After the acquire, CMD is created suspended, put into the job, and
-//!    only then resumed: it runs no instruction outside the job.
-//! 3. The [`Renewer`] keeps the end of the lease it last confirmed on the
-//!    lease clock, as on Unix; when a renewal finds the lock lost, or the
-//!    stop moment passes unconfirmed, the whole job is terminated (exit
-//!    code 143, 128+SIGTERM) and `run` exits 143 with `"lost": true`.
-//! 4. When CMD ends, what it left running in the job is terminated, and
-//!    the lock is released once the job has no process left.
-//! 5. Console events (Ctrl-C, Ctrl-Break, close) reach CMD from Windows
-//!    itself (it shares the console); the wrapper survives them (see
-//!    [`crate::signals`]) and reports a CMD ended by one as 128+number.
+//! - CMD is resolved on PATH (with PATHEXT) before the lock is touched.
+//! - After the acquire, CMD is created suspended, put into the job, and
+//!   only then resumed: it runs no instruction outside the job.
+//! - A lost lease terminates the whole job (exit code 143, 128+SIGTERM);
+//!   when CMD ends, what it left running in the job is terminated, and the
+//!   lock is released once the job has no process left.
+//! - Console events (Ctrl-C, Ctrl-Break, close) reach CMD from Windows
+//!   itself (it shares the console); the wrapper survives them (see
+//!   [`crate::signals`]) and reports a CMD ended by one as 128+number.
 //!
 //! What Unix needs a keeper for (SPEC §2.7, issue 27) holds here by the
 //! job: Windows has no signal to a process group that could reach the
@@ -33,49 +30,236 @@
 //! group: a group of its own (`CREATE_NEW_PROCESS_GROUP`) would stop
 //! Ctrl-C from reaching it.
 
-#[path = "reach.rs"]
-mod reach;
-#[path = "renewer.rs"]
-mod renewer;
-
-pub use reach::Reach;
-pub use renewer::{Margins, Renewer};
-
 use std::ffi::OsString;
 use std::os::windows::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
-use std::sync::mpsc;
+use std::process::{Child, ExitStatus};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use crate::engine::{self, Acquire, AcquireRequest, Context, Renew};
+use super::{Reach, TreeReport, lease_clock, lease_env};
 use crate::error::{Error, Result};
+use crate::group::Job;
 use crate::key::LockKey;
-use crate::signals::{self, Signals};
-use crate::store::Store;
-use crate::wait::{self, Waited};
-use crate::win::Job;
-
-pub use crate::clock::lease_clock;
+use crate::signals::windows::SIGINT;
 
 /// The exit code of a process ended by Ctrl-C or Ctrl-Break.
 const STATUS_CONTROL_C_EXIT: u32 = 0xC000_013A;
 /// The exit code the job's processes get when `run` stops them.
 const STOPPED_CODE: u32 = 128 + 15;
 
-#[path = "outcome.rs"]
-mod outcome;
-pub use outcome::{OTHERS_SINCE_VAR, Outcome, Ran, lease_env};
-
-/// Installs the console event handler; call before any other thread starts.
-pub fn prepare() {
-    signals::block();
-}
+/// Said when CMD ended and left processes running.
+pub(super) const LEFTOVERS: &str =
+    "skill-lock run: stopping what the command left running (in its Job Object)";
+/// Never said: the job cannot vanish while this wrapper holds it.
+pub(super) const TREE_GONE: &str = "skill-lock run: the command's Job Object is gone";
+/// Said when processes survive the job's termination.
+pub(super) const SURVIVORS: &str = "skill-lock run: processes of the command's Job Object survive termination; the lock stays held until they end";
 
 /// No keeper process on Windows (the Job Object does its work).
 #[must_use]
 pub fn main_if_keeper() -> Option<Result<std::process::ExitCode, crate::error::Error>> {
     None
+}
+
+/// The wrapper's side of CMD's tree: the Job Object it runs in, once
+/// started (or why it could not be), and CMD itself until it is watched.
+pub(super) struct CmdTree {
+    program: PathBuf,
+    cmd: Vec<OsString>,
+    job: Option<Arc<Job>>,
+    started: Option<std::result::Result<Child, String>>,
+}
+
+impl CmdTree {
+    /// Nothing to start before the acquire: the job is made with CMD.
+    #[allow(
+        clippy::unnecessary_wraps,
+        reason = "the same functions as on Unix, where starting the keeper may fail"
+    )]
+    pub(super) fn start(
+        _grace: Duration,
+        program: &Path,
+        cmd: &[OsString],
+        _key: &LockKey,
+        _reach: &Reach,
+    ) -> Result<Self> {
+        Ok(Self {
+            program: program.to_path_buf(),
+            cmd: cmd.to_vec(),
+            job: None,
+            started: None,
+        })
+    }
+
+    /// The `owner_pid` and `owner_pgid` of the record: this wrapper, whose
+    /// death takes the whole job with it.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn owner(&self) -> (Option<u32>, Option<u32>) {
+        (Some(std::process::id()), None)
+    }
+
+    /// Creates CMD suspended, puts it into a new job, then resumes it.
+    pub(super) fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>) {
+        let started = match Job::new() {
+            Ok(job) => {
+                let job = Arc::new(job);
+                self.job = Some(Arc::clone(&job));
+                self.spawn_in(&job, token, fence, others_since)
+            }
+            Err(e) => Err(format!(
+                "cannot create the Job Object for the command ({e})"
+            )),
+        };
+        self.started = Some(started);
+    }
+
+    fn spawn_in(
+        &self,
+        job: &Job,
+        token: &str,
+        fence: u64,
+        others_since: Option<bool>,
+    ) -> std::result::Result<Child, String> {
+        use windows_sys::Win32::System::Threading::CREATE_SUSPENDED;
+        let mut command = std::process::Command::new(&self.program);
+        command.args(self.cmd.iter().skip(1));
+        lease_env(&mut command, token, fence, others_since);
+        let mut child = command
+            .creation_flags(CREATE_SUSPENDED)
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot run {}: {e}; check the command (the lock was released)",
+                    self.program.display()
+                )
+            })?;
+        let fail = |child: &mut Child, what: String| {
+            let _ = child.kill();
+            let _ = child.wait();
+            format!("{what}; the command was not run (the lock was released)")
+        };
+        if let Err(e) = job.assign(&child) {
+            return Err(fail(
+                &mut child,
+                format!("cannot put the command into its Job Object ({e})"),
+            ));
+        }
+        if let Err(e) = resume(child.id()) {
+            return Err(fail(&mut child, format!("cannot resume the command ({e})")));
+        }
+        Ok(child)
+    }
+
+    /// Hands every report to `tx` as `wrap(report)`, from a thread that
+    /// waits for CMD, then terminates what it left in the job and waits
+    /// until none of it is left.
+    pub(super) fn reports<T: Send + 'static>(
+        &mut self,
+        tx: mpsc::Sender<T>,
+        wrap: fn(TreeReport) -> T,
+    ) {
+        let mut child = match self.started.take() {
+            Some(Ok(child)) => child,
+            Some(Err(message)) => {
+                let _ = tx.send(wrap(TreeReport::Failed(message)));
+                return;
+            }
+            None => return,
+        };
+        let Some(job) = self.job.clone() else {
+            return;
+        };
+        std::thread::spawn(move || {
+            if tx.send(wrap(TreeReport::Started(child.id()))).is_err() {
+                return;
+            }
+            let status = child.wait().ok();
+            let leftovers = job.active().is_some_and(|n| n > 0);
+            if tx
+                .send(wrap(TreeReport::Exited { status, leftovers }))
+                .is_err()
+            {
+                return;
+            }
+            empty_job(&job);
+            let _ = tx.send(wrap(TreeReport::Empty));
+        });
+    }
+
+    /// Nothing to note: the job holds every process of the tree.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn started(&mut self, _pid: u32) {}
+
+    /// Nothing to arm: nothing of the job outlives this wrapper.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn arm(&mut self, _stop_at: Duration) {}
+
+    /// Nothing to forward: CMD shares the console, and Windows gives it
+    /// the same event.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn signal(&mut self, _sig: libc::c_int) {}
+
+    /// Terminates every process of the job now.
+    pub(super) fn stop(&mut self) {
+        if let Some(job) = &self.job {
+            job.terminate(STOPPED_CODE);
+        }
+    }
+
+    /// Nothing is left outside the job.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn stop_what_is_left(&mut self, _grace: Duration) -> Option<libc::c_int> {
+        None
+    }
+
+    /// No terminal is lent on Windows.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn take_back_terminal(&mut self) {}
+
+    /// Nothing was started yet.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn quit(&mut self) {}
+
+    /// No keeper to tell.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn done(&mut self) {}
+
+    /// No keeper to wait for.
+    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
+    pub(super) fn reap(&mut self) {}
+}
+
+/// Terminates what is left in the job until none of it is (again every
+/// 100 ms).
+fn empty_job(job: &Job) {
+    let mut kill_at = lease_clock();
+    loop {
+        let now = lease_clock();
+        if now >= kill_at {
+            job.terminate(STOPPED_CODE);
+            kill_at = now + Duration::from_millis(100);
+        }
+        if job.active() == Some(0) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// CMD's code (a code above 255 is reported as 1, never as a success
+/// modulo 256), or the console event that ended it (the last one the
+/// wrapper saw; Ctrl-C when it saw none).
+pub(super) fn ended(
+    status: ExitStatus,
+    last_signal: Option<libc::c_int>,
+) -> (Option<u8>, Option<libc::c_int>) {
+    let code = status.code().map(|c| u32::from_ne_bytes(c.to_ne_bytes()));
+    match code {
+        Some(STATUS_CONTROL_C_EXIT) => (None, Some(last_signal.unwrap_or(SIGINT))),
+        Some(c) => (Some(u8::try_from(c).unwrap_or(1)), None),
+        None => (None, None),
+    }
 }
 
 /// Finds CMD's program as `CreateProcess` would: a name with a path
@@ -132,123 +316,6 @@ pub fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathB
     })
 }
 
-/// What the supervisor waits for.
-#[allow(clippy::large_enum_variant)]
-enum Event {
-    Signal(libc::c_int),
-    Exited(std::io::Result<ExitStatus>),
-    Renewal {
-        began: Duration,
-        result: Result<Renew>,
-    },
-}
-
-/// Acquires (waiting as asked, ended by a console event), runs CMD in a
-/// Job Object under the lease, and releases once no process of the job is
-/// left (SPEC §2.7). `reach` is not needed here: this wrapper is the
-/// lock's recorded owner, and nothing of the job outlives it.
-///
-/// # Errors
-/// Store failures of the acquire; CMD or the job failing to start.
-#[allow(clippy::too_many_arguments)]
-pub fn execute<S: Store + Clone + Send + 'static>(
-    store: &S,
-    key: &LockKey,
-    mut req: AcquireRequest,
-    wait: Option<Duration>,
-    program: &Path,
-    cmd: &[OsString],
-    _reach: &Reach,
-    clock: &crate::engine::Clock,
-) -> Result<Outcome> {
-    let signals = Signals::listen();
-    req.owner_pid = Some(std::process::id());
-    req.owner_pgid = None;
-    let ttl = req.ttl;
-    let waited =
-        wait::acquire_interruptible(store, key, &req, wait, clock, &mut |d| signals.next(d));
-    let (token, fence, others_since, began) = match waited? {
-        Waited::Interrupted(sig) => return Ok(Outcome::Interrupted(sig)),
-        Waited::Done {
-            outcome:
-                Acquire::Acquired {
-                    token,
-                    holder,
-                    others_since,
-                    ..
-                },
-            began,
-        } => (token, holder.fence, others_since, began),
-        Waited::Done { outcome, .. } => return Ok(Outcome::NotAcquired(outcome)),
-    };
-    let release = || {
-        let _ = engine::release(store, key, Some(&token), false, &Context::here());
-    };
-    if let Some(sig) = signals.next(Duration::ZERO) {
-        release();
-        return Ok(Outcome::Interrupted(sig));
-    }
-    let started = start(program, cmd, &token, fence, others_since);
-    let (job, child) = match started {
-        Ok(s) => s,
-        Err(e) => {
-            release();
-            return Err(e);
-        }
-    };
-    let ran = supervise(store, key, &token, ttl, began, &job, child, signals);
-    Ok(Outcome::Ran {
-        fence,
-        others_since,
-        ran,
-    })
-}
-
-/// Creates CMD suspended, puts it into a new job, then resumes it.
-fn start(
-    program: &Path,
-    cmd: &[OsString],
-    token: &str,
-    fence: u64,
-    others_since: Option<bool>,
-) -> Result<(Job, std::process::Child)> {
-    use windows_sys::Win32::System::Threading::CREATE_SUSPENDED;
-    let job = Job::new().map_err(|e| {
-        Error::Usage(format!(
-            "cannot create the Job Object for the command ({e})"
-        ))
-    })?;
-    let mut command = std::process::Command::new(program);
-    command.args(cmd.iter().skip(1));
-    lease_env(&mut command, token, fence, others_since);
-    let mut child = command
-        .creation_flags(CREATE_SUSPENDED)
-        .spawn()
-        .map_err(|e| {
-            Error::Usage(format!(
-                "cannot run {}: {e}; check the command (the lock was released)",
-                program.display()
-            ))
-        })?;
-    let fail = |child: &mut std::process::Child, what: String| {
-        let _ = child.kill();
-        let _ = child.wait();
-        Error::Usage(format!(
-            "{what}; the command was not run (the lock was released)"
-        ))
-    };
-    if let Err(e) = job.assign(child.id()) {
-        return Err(fail(
-            &mut child,
-            format!("cannot put the command into its Job Object ({e})"),
-        ));
-    }
-    if let Err(e) = resume(child.id()) {
-        return Err(fail(&mut child, format!("cannot resume the command ({e})")));
-    }
-    Ok((job, child))
-}
-
 /// Resumes the threads of the suspended process `pid` (its one main thread).
 fn resume(pid: u32) -> std::io::Result<()> {
     use std::os::windows::io::{AsRawHandle, FromRawHandle, OwnedHandle};
@@ -289,171 +356,4 @@ fn resume(pid: u32) -> std::io::Result<()> {
         return Err(std::io::Error::other("no thread of it was found"));
     }
     Ok(())
-}
-
-/// Waits (at most `limit`) until the job has no process left.
-fn job_empty_within(job: &Job, limit: Duration) -> bool {
-    let until = lease_clock() + limit;
-    loop {
-        if job.active() == Some(0) {
-            return true;
-        }
-        if lease_clock() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Takes in one renewal's answer; `true` when the lease is lost (another
-/// holder, or released by someone else) and the job must be stopped.
-fn renewal_lost(
-    renewer: &mut Renewer,
-    renewals: &mut u64,
-    began: Duration,
-    result: Result<Renew>,
-) -> bool {
-    match result {
-        Ok(Renew::Renewed { .. }) => {
-            renewer.confirmed(began);
-            *renewals += 1;
-            false
-        }
-        Ok(Renew::NotOwner { holder, .. }) => {
-            Renewer::report_lost(&holder);
-            true
-        }
-        Ok(Renew::NotHeld { .. }) => {
-            eprintln!(
-                "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
-            );
-            true
-        }
-        Err(e) => {
-            renewer.report_failure(&e);
-            false
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn supervise<S: Store + Clone + Send + 'static>(
-    store: &S,
-    key: &LockKey,
-    token: &str,
-    ttl: u64,
-    began: Duration,
-    job: &Job,
-    mut child: std::process::Child,
-    signals: Signals,
-) -> Ran {
-    let mut renewer = Renewer::new(ttl, began);
-    let (tx, rx) = mpsc::channel();
-    signals.forward(tx.clone(), Event::Signal);
-    let waiter = tx.clone();
-    std::thread::spawn(move || {
-        let _ = waiter.send(Event::Exited(child.wait()));
-    });
-    let renew = renewal_worker(store, key, token, ttl, tx);
-    let mut renewals = 0;
-    let mut last_event = None;
-    let (status, lost) = loop {
-        let now = lease_clock();
-        if now >= renewer.stop_at() {
-            eprintln!(
-                "skill-lock run: no renewal confirmed the lease, which ends in {} ms; stopping the command and everything it started",
-                renewer.confirmed_end().saturating_sub(now).as_millis()
-            );
-            break (None, true);
-        }
-        if renewer.due(now) && renew.send(()).is_ok() {
-            renewer.sent();
-        }
-        match rx.recv_timeout(renewer.sleep(now)) {
-            Ok(Event::Signal(sig)) => last_event = Some(sig),
-            Ok(Event::Exited(status)) => break (status.ok(), false),
-            Ok(Event::Renewal { began, result }) => {
-                if renewal_lost(&mut renewer, &mut renewals, began, result) {
-                    break (None, true);
-                }
-            }
-            Err(_) => {}
-        }
-    };
-    drop(renew);
-    if !lost && job.active().is_some_and(|n| n > 0) {
-        eprintln!("skill-lock run: stopping what the command left running (in its Job Object)");
-    }
-    job.terminate(STOPPED_CODE);
-    let settled = job_empty_within(job, Duration::from_secs(5));
-    if !settled {
-        eprintln!(
-            "skill-lock run: processes of the command's Job Object survive termination; the lock stays held until they end"
-        );
-    }
-    let released = settled
-        && !lost
-        && matches!(
-            engine::release(store, key, Some(token), false, &Context::here()),
-            Ok(engine::Release::Released { .. })
-        );
-    ran(status, lost, last_event, renewals, released)
-}
-
-/// The exit status and signal `run` reports: CMD's code (a code above 255
-/// is reported as 1, never as a success modulo 256); 128+signal for a CMD
-/// ended by a console event (the last one the wrapper saw; Ctrl-C when it
-/// saw none) or stopped for a lost lease (SIGTERM).
-fn ran(
-    status: Option<ExitStatus>,
-    lost: bool,
-    last_event: Option<libc::c_int>,
-    renewals: u64,
-    released: bool,
-) -> Ran {
-    let code = status
-        .and_then(|s| s.code())
-        .map(|c| u32::from_ne_bytes(c.to_ne_bytes()));
-    let signal = if lost {
-        Some(signals::SIGTERM)
-    } else if code == Some(STATUS_CONTROL_C_EXIT) {
-        Some(last_event.unwrap_or(signals::SIGINT))
-    } else {
-        None
-    };
-    let exit_status = match (signal, code) {
-        (Some(s), _) => signals::exit_status(s),
-        (None, Some(c)) => u8::try_from(c).unwrap_or(1),
-        (None, None) => 1,
-    };
-    Ran {
-        exit_status,
-        signal,
-        lost,
-        renewals,
-        released,
-    }
-}
-
-/// Starts the thread that renews on request (one request, one attempt) and
-/// posts each result with the moment it began.
-fn renewal_worker<S: Store + Clone + Send + 'static>(
-    store: &S,
-    key: &LockKey,
-    token: &str,
-    ttl: u64,
-    events: mpsc::Sender<Event>,
-) -> mpsc::Sender<()> {
-    let (tx, rx) = mpsc::channel::<()>();
-    let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
-    std::thread::spawn(move || {
-        while rx.recv().is_ok() {
-            let began = lease_clock();
-            let result = engine::renew(&store, &key, Some(&token), Some(ttl), &Context::here());
-            if events.send(Event::Renewal { began, result }).is_err() {
-                return;
-            }
-        }
-    });
-    tx
 }

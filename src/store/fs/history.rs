@@ -22,13 +22,9 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
-#[cfg(unix)]
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-#[cfg(windows)]
-use super::layer::FileExt;
-use super::layer::{Dir, Open};
+use super::dir::{Dir, FileExt, Open};
 use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::LockKey;

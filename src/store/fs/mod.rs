@@ -20,7 +20,7 @@
 //!
 //! Invariants (argued in `docs/design.md`):
 //! - nothing in the layer is trusted: every file operation goes through the
-//!   layer handle ([`layer`]), which follows no link, opens only regular
+//!   directory handle ([`dir`]), which follows no link, opens only regular
 //!   files and directories of the invoking user, bounds every read, and
 //!   touches nothing outside `P/run/`;
 //! - every change of a lock happens while its guard is held with `flock`, and
@@ -48,8 +48,8 @@
 //! - on a network file system, a record written by another machine is
 //!   refused (`store_unavailable`), since there `flock` is not coherent.
 
+pub mod dir;
 pub mod history;
-pub mod layer;
 pub mod netfs;
 pub mod read;
 
@@ -66,7 +66,7 @@ use crate::record::{NewRecord, OwnerRecord, random_suffix};
 use crate::store::{
     Acquisition, Committed, Current, Decision, Listed, Place, Stamp, Store, Written,
 };
-use layer::{Dir, Location, Open};
+use dir::{Dir, Location, Open};
 use read::RECORD;
 
 pub use crate::flock::{GUARD_WAIT, lock_bounded, lock_bounded_as};

@@ -2,36 +2,50 @@
 //! not coherent between machines, the file store refuses to decide on a
 //! record another machine wrote.
 
-#[cfg(unix)]
-use std::os::fd::BorrowedFd;
-#[cfg(windows)]
-use std::os::windows::io::BorrowedHandle as BorrowedFd;
 use std::path::Path;
 
 use crate::liveness::Origin;
 use crate::record::Holder;
 
-/// The kind of network file system the open directory `dir` is on (Linux
-/// `fstatfs`), if any.
+/// The kind of network file system the open directory `dir` is on, if
+/// any (Linux `fstatfs`; Windows the handle's remote protocol).
 #[must_use]
-pub fn network_fs_of(dir: BorrowedFd<'_>) -> Option<&'static str> {
-    #[cfg(target_os = "linux")]
-    {
+pub fn network_fs_of(dir: sys::Handle<'_>) -> Option<&'static str> {
+    sys::network_fs_of(dir)
+}
+
+/// Linux: the `statfs` magic number of the directory's file system.
+#[cfg(target_os = "linux")]
+mod sys {
+    pub use std::os::fd::BorrowedFd as Handle;
+
+    pub(super) fn network_fs_of(dir: Handle<'_>) -> Option<&'static str> {
         let st = rustix::fs::fstatfs(dir).ok()?;
         // f_type is a signed word of varying width; the magics are 32-bit.
         #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
         let magic = st.f_type as u32;
-        network_fs_name(magic)
+        super::network_fs_name(magic)
     }
-    #[cfg(windows)]
-    {
-        super::layer::remote_protocol(dir)
-    }
-    #[cfg(all(unix, not(target_os = "linux")))]
-    {
-        // macOS: statfs's f_fstypename ("nfs", "smbfs", "macfuse") would tell.
-        let _ = dir;
+}
+
+/// Other Unix: unknown (macOS: statfs's f_fstypename, "nfs", "smbfs",
+/// "macfuse", would tell).
+#[cfg(all(unix, not(target_os = "linux")))]
+mod sys {
+    pub use std::os::fd::BorrowedFd as Handle;
+
+    pub(super) fn network_fs_of(_dir: Handle<'_>) -> Option<&'static str> {
         None
+    }
+}
+
+/// Windows: the remote protocol of the directory's handle.
+#[cfg(windows)]
+mod sys {
+    pub use std::os::windows::io::BorrowedHandle as Handle;
+
+    pub(super) fn network_fs_of(dir: Handle<'_>) -> Option<&'static str> {
+        crate::store::fs::dir::remote_protocol(dir)
     }
 }
 

@@ -13,7 +13,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 
-use super::layer::{Dir, Entry, Open, read_bounded};
+use super::dir::{Dir, Misfit, Open, read_bounded};
 use crate::error::{Error, Result};
 use crate::record::{MAX_RECORD_BYTES, OwnerRecord};
 use crate::store::{Current, Seen};
@@ -54,13 +54,13 @@ pub fn lock_dir_with(locks: &Dir, name: &OsStr, between: &mut dyn FnMut()) -> Re
             Ok(None) => return Ok(Current::Free),
             // A file, a link or a special file where the lock belongs; gone
             // meanwhile (a release): look again.
-            Err(Entry::NotADirectory | Entry::NotAFile(_)) => {
+            Err(Misfit::NotADirectory | Misfit::NotAFile(_)) => {
                 if locks.stat_at(name)?.is_none() {
                     continue;
                 }
                 return Ok(not_a(locks, name, "directory"));
             }
-            Err(Entry::Io(e)) => return Err(Error::io("read", locks.join(name), e)),
+            Err(Misfit::Io(e)) => return Err(Error::io("read", locks.join(name), e)),
         };
         between();
         let file = match dir.file_plain(OsStr::new(RECORD), Open::Read) {
@@ -73,10 +73,10 @@ pub fn lock_dir_with(locks: &Dir, name: &OsStr, between: &mut dyn FnMut()) -> Re
                 }
                 continue;
             }
-            Err(Entry::NotAFile(_) | Entry::NotADirectory) => {
+            Err(Misfit::NotAFile(_) | Misfit::NotADirectory) => {
                 return Ok(not_a(&dir, OsStr::new(RECORD), "file"));
             }
-            Err(Entry::Io(e)) => return Err(Error::io("read", dir.join(RECORD), e)),
+            Err(Misfit::Io(e)) => return Err(Error::io("read", dir.join(RECORD), e)),
         };
         let (file, len) = file;
         return record(file, len, &dir.join(RECORD));

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::group::Group;
 use crate::record::random_suffix;
 
 /// What one git process did.
@@ -144,8 +145,7 @@ pub(super) fn run_streaming(
     deadline: Instant,
     sink: &mut dyn FnMut(&[u8]) -> Flow,
 ) -> std::io::Result<Option<Output>> {
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(cmd, 0);
+    Group::prepare(cmd);
     cmd.stdin(if input.is_some() {
         Stdio::piped()
     } else {
@@ -154,23 +154,10 @@ pub(super) fn run_streaming(
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    #[cfg(unix)]
-    let pgid = libc::pid_t::try_from(child.id()).unwrap_or(0);
-    // Windows: git and what it starts (ssh, credential helpers) in a Job
-    // Object, the whole of which is killed at the deadline.
-    #[cfg(windows)]
-    let job = crate::win::Job::new().and_then(|j| j.assign(child.id()).map(|()| j))?;
-    #[cfg(windows)]
-    let kill = || job.terminate(1);
-    #[cfg(unix)]
-    let kill = || {
-        if pgid > 0 {
-            // SAFETY: signals only the process group this call created.
-            unsafe {
-                libc::killpg(pgid, libc::SIGKILL);
-            }
-        }
-    };
+    // Git and what it starts (ssh, credential helpers), the whole of which
+    // is killed at the deadline.
+    let group = Group::of(&child)?;
+    let kill = || group.kill();
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
         let bytes = bytes.to_vec();
         std::thread::spawn(move || {
@@ -324,9 +311,57 @@ pub(super) trait Mode0700 {
 
 impl Mode0700 for std::fs::DirBuilder {
     fn mode_0700(&mut self) -> &mut Self {
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(self, 0o700);
-        // Windows: the directory inherits its parent's ACL.
+        sys::mode_0700(self);
         self
+    }
+}
+
+/// The git store's per-OS part: who the invoking user is, for its cache.
+#[cfg(unix)]
+pub(super) mod sys {
+    use std::path::Path;
+
+    /// Directories created 0700.
+    pub(in super::super) fn mode_0700(builder: &mut std::fs::DirBuilder) {
+        std::os::unix::fs::DirBuilderExt::mode(builder, 0o700);
+    }
+
+    /// Is `dir` the invoking user's and writable by nobody else?
+    pub(in super::super) fn ours_alone(dir: &Path) -> std::io::Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let meta = std::fs::metadata(dir)?;
+        Ok(meta.uid() == uid && meta.mode() & 0o022 == 0)
+    }
+
+    /// The invoking user, in the name of a directory of their own.
+    pub(in super::super) fn user_tag() -> String {
+        // SAFETY: getuid has no preconditions.
+        unsafe { libc::getuid() }.to_string()
+    }
+}
+
+/// The git store's per-OS part: on Windows the temporary directory is the
+/// user's own (in the profile), and a directory inherits its parent's ACL.
+#[cfg(windows)]
+pub(super) mod sys {
+    use std::path::Path;
+
+    /// Nothing to set: the directory inherits its parent's ACL.
+    pub(in super::super) fn mode_0700(_builder: &mut std::fs::DirBuilder) {}
+
+    /// The temporary directory is the user's own.
+    #[allow(
+        clippy::unnecessary_wraps,
+        reason = "the same functions as on Unix, where the metadata may fail"
+    )]
+    pub(in super::super) fn ours_alone(_dir: &Path) -> std::io::Result<bool> {
+        Ok(true)
+    }
+
+    /// The temporary directory is the user's own: any name will do.
+    pub(in super::super) fn user_tag() -> String {
+        "user".to_owned()
     }
 }

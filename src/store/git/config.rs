@@ -191,12 +191,7 @@ pub(super) fn cache_dir(vars: &Vars, cwd: &Path) -> PathBuf {
     if let Some(h) = vars.get(var::HOME) {
         return Path::new(&h).join(".cache").join("skill-lock").join("git");
     }
-    // SAFETY: getuid has no preconditions.
-    #[cfg(unix)]
-    let uid = unsafe { libc::getuid() };
-    // Windows: the temporary directory is the user's own (in the profile).
-    #[cfg(windows)]
-    let uid = "user";
+    let uid = super::cmd::sys::user_tag();
     std::env::temp_dir()
         .join(format!("skill-lock-{uid}"))
         .join("git")

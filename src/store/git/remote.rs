@@ -154,19 +154,13 @@ impl Remote {
             .create(parent)
             .map_err(|e| Error::io("create", parent, e))?;
         // Under a shared temporary directory, only a directory of our own will do.
-        // (Windows: the temporary directory is in the user's own profile.)
-        #[cfg(unix)]
-        if parent.starts_with(std::env::temp_dir()) {
-            use std::os::unix::fs::MetadataExt;
-            // SAFETY: getuid has no preconditions.
-            let uid = unsafe { libc::getuid() };
-            let meta = std::fs::metadata(parent).map_err(|e| Error::io("inspect", parent, e))?;
-            if meta.uid() != uid || meta.mode() & 0o022 != 0 {
-                return Err(self.cache_error(&format!(
-                    "{} belongs to someone else or is writable by others; set SKILL_LOCK_GIT_CACHE to a directory of your own",
-                    parent.display()
-                )));
-            }
+        if parent.starts_with(std::env::temp_dir())
+            && !super::cmd::sys::ours_alone(parent).map_err(|e| Error::io("inspect", parent, e))?
+        {
+            return Err(self.cache_error(&format!(
+                "{} belongs to someone else or is writable by others; set SKILL_LOCK_GIT_CACHE to a directory of your own",
+                parent.display()
+            )));
         }
         let tmp = parent.join(format!(".git-init-{}", random_suffix()));
         let mut cmd = git_command();

@@ -61,10 +61,11 @@ use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use super::super::TreeReport;
 use super::terminal::set_foreground;
 use super::{errno, lease_clock};
 use crate::error::{Error, Result};
-use crate::signals;
+use crate::signals::{self, unix::send_group, unix::unblock_in_child};
 
 /// The first argument that makes this binary the keeper of a `run`.
 pub const KEEPER_ARG: &str = "__skill-lock-run-keeper";
@@ -79,44 +80,23 @@ const REPORT_FD: RawFd = 4;
 /// ignored (the rest); CMD gets them back at their defaults.
 const IGNORED: [libc::c_int; 4] = [libc::SIGQUIT, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
 
-/// What the keeper reports to the wrapper.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Report {
-    /// CMD started with this pid.
-    Started(u32),
-    /// CMD could not be started (the reason).
-    Failed(String),
-    /// CMD itself ended; `leftovers`: processes it started are still alive
-    /// (the keeper is stopping them).
-    Exited {
-        /// CMD's wait status.
-        status: ExitStatus,
-        /// Something of CMD's was left running.
-        leftovers: bool,
-    },
-    /// No process of CMD's is left; the keeper exits.
-    Empty,
-    /// The report pipe closed without [`Report::Empty`]: the keeper is gone.
-    Gone,
-}
-
-impl Report {
-    fn parse(line: &str) -> Option<Self> {
-        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
-        Some(match word {
-            "started" => Self::Started(rest.parse().ok()?),
-            "failed" => Self::Failed(rest.to_owned()),
-            "exited" => {
-                let (raw, left) = rest.split_once(' ')?;
-                Self::Exited {
-                    status: ExitStatus::from_raw(raw.parse().ok()?),
-                    leftovers: left == "1",
-                }
+/// One report line of the keeper: `started PID`, `failed REASON`,
+/// `exited STATUS LEFTOVERS`, `empty`.
+fn parse_report(line: &str) -> Option<TreeReport> {
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    Some(match word {
+        "started" => TreeReport::Started(rest.parse().ok()?),
+        "failed" => TreeReport::Failed(rest.to_owned()),
+        "exited" => {
+            let (raw, left) = rest.split_once(' ')?;
+            TreeReport::Exited {
+                status: Some(ExitStatus::from_raw(raw.parse().ok()?)),
+                leftovers: left == "1",
             }
-            "empty" => Self::Empty,
-            _ => return None,
-        })
-    }
+        }
+        "empty" => TreeReport::Empty,
+        _ => return None,
+    })
 }
 
 /// The wrapper's handle on its keeper.
@@ -231,7 +211,7 @@ impl Keeper {
     }
 
     /// Starts CMD under the lease with `token`, `fence` and `--since`'s
-    /// answer ([`super::lease_env`]); with `lend`, CMD's group is made the
+    /// answer ([`crate::run::lease_env`]); with `lend`, CMD's group is made the
     /// terminal's foreground.
     pub fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>, lend: bool) {
         self.started = true;
@@ -267,23 +247,23 @@ impl Keeper {
     }
 
     /// Hands every report to `tx` as `wrap(report)`, from a thread of its
-    /// own; the last is [`Report::Empty`] or [`Report::Gone`].
-    pub fn reports<T: Send + 'static>(&mut self, tx: mpsc::Sender<T>, wrap: fn(Report) -> T) {
+    /// own; the last is [`TreeReport::Empty`] or [`TreeReport::Gone`].
+    pub fn reports<T: Send + 'static>(&mut self, tx: mpsc::Sender<T>, wrap: fn(TreeReport) -> T) {
         let Some(pipe) = self.reports.take() else {
             return;
         };
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(pipe).lines() {
                 let Ok(line) = line else { break };
-                let Some(report) = Report::parse(&line) else {
+                let Some(report) = parse_report(&line) else {
                     continue;
                 };
-                let last = report == Report::Empty;
+                let last = report == TreeReport::Empty;
                 if tx.send(wrap(report)).is_err() || last {
                     return;
                 }
             }
-            let _ = tx.send(wrap(Report::Gone));
+            let _ = tx.send(wrap(TreeReport::Gone));
         });
     }
 
@@ -667,7 +647,7 @@ impl Tree {
             command.arg0(arg0);
         }
         command.args(argv.iter().skip(1)).process_group(0);
-        super::lease_env(&mut command, &self.token, fence, others_since);
+        crate::run::lease_env(&mut command, &self.token, fence, others_since);
         // SAFETY: only async-signal-safe calls (getpgrp, tcsetpgrp,
         // pthread_sigmask, signal) between fork and exec; the group is set
         // before these run.
@@ -676,7 +656,7 @@ impl Tree {
                 if lend {
                     set_foreground(libc::getpgrp());
                 }
-                signals::unblock_in_child();
+                unblock_in_child();
                 for sig in IGNORED {
                     libc::signal(sig, libc::SIG_DFL);
                 }
@@ -719,7 +699,7 @@ impl Tree {
         if self.group_alive()
             && let Some((pgid, _)) = self.group
         {
-            let _ = signals::send_group(pgid, sig);
+            let _ = send_group(pgid, sig);
         }
     }
 
@@ -853,17 +833,17 @@ mod tests {
 
     #[test]
     fn reports_and_messages_parse_and_refuse_garbage() {
-        assert_eq!(Report::parse("started 42"), Some(Report::Started(42)));
+        assert_eq!(parse_report("started 42"), Some(TreeReport::Started(42)));
         assert_eq!(
-            Report::parse("exited 256 1"),
-            Some(Report::Exited {
-                status: ExitStatus::from_raw(256),
+            parse_report("exited 256 1"),
+            Some(TreeReport::Exited {
+                status: Some(ExitStatus::from_raw(256)),
                 leftovers: true
             })
         );
-        assert_eq!(Report::parse("empty"), Some(Report::Empty));
-        assert_eq!(Report::parse("exited x 1"), None);
-        assert_eq!(Report::parse("what"), None);
+        assert_eq!(parse_report("empty"), Some(TreeReport::Empty));
+        assert_eq!(parse_report("exited x 1"), None);
+        assert_eq!(parse_report("what"), None);
         assert!(matches!(
             Msg::parse("go 7 1 - abc"),
             Some(Msg::Go { fence: 7, lend: true, others_since: None, ref token }) if token == "abc"

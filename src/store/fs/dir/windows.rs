@@ -10,7 +10,7 @@
 //!   refused by its `FILE_ATTRIBUTE_REPARSE_POINT`; a name is one component
 //!   (no `\`, `/`, `:` stream, `.` or `..`);
 //! - only directories and regular disk files are used (`GetFileType` must
-//!   say `FILE_TYPE_DISK`); a read is bounded by [`READ_LIMIT`]; a file
+//!   say `FILE_TYPE_DISK`); a read is bounded by [`super::READ_LIMIT`]; a file
 //!   written in place must have one link;
 //! - P and P/run must be owned by the invoking user (the owner SID of the
 //!   directory is the token's user, or the Administrators group when this
@@ -60,10 +60,11 @@ use windows_sys::Win32::Storage::FileSystem::{
 };
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
-use super::{Entry, Open, READ_LIMIT, read_bounded, untrusted};
+use super::{Misfit, Open, untrusted};
 use crate::error::{Error, Result};
 
 mod nt;
+mod owner;
 #[allow(clippy::wildcard_imports)]
 use nt::*;
 pub use nt::{FileExt, remote_protocol};
@@ -145,6 +146,14 @@ pub struct Dir {
 /// Quotes `s` for PowerShell (the fixes in messages are PowerShell lines).
 fn ps_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
+}
+
+/// How to remove a file that must not be there, for messages.
+pub(super) fn remove_file_fix(path: &Path) -> String {
+    format!(
+        "remove it (Remove-Item {})",
+        ps_quote(&path.display().to_string())
+    )
 }
 
 pub(super) fn not_a(path: &Path, want: &str, found: &str) -> Error {
@@ -245,9 +254,9 @@ impl Dir {
     /// # Errors
     /// [`Error::Untrusted`], [`Error::Io`].
     pub fn check_owner(&self) -> Result<()> {
-        match crate::win::owned_by_me(self.fd()) {
-            Ok(crate::win::Owner::Me) => Ok(()),
-            Ok(crate::win::Owner::Other(sid)) => Err(untrusted(
+        match owner::owned_by_me(self.fd()) {
+            Ok(owner::Owner::Me) => Ok(()),
+            Ok(owner::Owner::Other(sid)) => Err(untrusted(
                 &self.path,
                 format!(
                     "it is owned by {sid}, not by you; another user's directory could redirect or forge locks"
@@ -314,7 +323,7 @@ impl Dir {
                         Err(s) => return Err(Error::io("create", &path, nt_error(s))),
                     }
                 }
-                Err(Entry::Io(e)) => return Err(Error::io("open", &path, e)),
+                Err(Misfit::Io(e)) => return Err(Error::io("open", &path, e)),
                 Err(_) => {
                     return Err(not_a(
                         &path,
@@ -334,7 +343,7 @@ impl Dir {
     /// Opens subdirectory `name` without following a link and without the
     /// ownership check: `None` when absent, `Err(kind)` when something else
     /// is there.
-    pub(crate) fn dir_plain(&self, name: &OsStr) -> std::result::Result<Option<Self>, Entry> {
+    pub(crate) fn dir_plain(&self, name: &OsStr) -> std::result::Result<Option<Self>, Misfit> {
         let handle = match nt_open(
             self.fd(),
             name,
@@ -344,12 +353,12 @@ impl Dir {
         ) {
             Ok(h) => h,
             Err(s) if absent(s) => return Ok(None),
-            Err(s) if s == STATUS_NOT_A_DIRECTORY => return Err(Entry::NotADirectory),
-            Err(s) => return Err(Entry::Io(nt_error(s))),
+            Err(s) if s == STATUS_NOT_A_DIRECTORY => return Err(Misfit::NotADirectory),
+            Err(s) => return Err(Misfit::Io(nt_error(s))),
         };
-        let st = Stat::of(handle.as_handle()).map_err(Entry::Io)?;
+        let st = Stat::of(handle.as_handle()).map_err(Misfit::Io)?;
         if !st.is_dir() {
-            return Err(Entry::NotADirectory);
+            return Err(Misfit::NotADirectory);
         }
         Ok(Some(Self {
             handle,
@@ -361,9 +370,9 @@ impl Dir {
         let path = self.join(name);
         match self.file_plain(name, how) {
             Ok(f) => Ok(f),
-            Err(Entry::NotAFile(what)) => Err(not_a(&path, "a regular file", what)),
-            Err(Entry::NotADirectory) => Err(not_a(&path, "a regular file", "a link")),
-            Err(Entry::Io(e)) => Err(Error::io("open", &path, e)),
+            Err(Misfit::NotAFile(what)) => Err(not_a(&path, "a regular file", what)),
+            Err(Misfit::NotADirectory) => Err(not_a(&path, "a regular file", "a link")),
+            Err(Misfit::Io(e)) => Err(Error::io("open", &path, e)),
         }
     }
 
@@ -372,7 +381,7 @@ impl Dir {
         &self,
         name: &OsStr,
         how: Open,
-    ) -> std::result::Result<Option<(File, u64)>, Entry> {
+    ) -> std::result::Result<Option<(File, u64)>, Misfit> {
         let (access, disposition) = match how {
             Open::Read => (FILE_GENERIC_READ, FILE_OPEN),
             Open::ReadWriteCreate => (FILE_GENERIC_READ | FILE_GENERIC_WRITE, FILE_OPEN_IF),
@@ -392,18 +401,18 @@ impl Dir {
             Ok(h) => h,
             Err(s) if absent(s) && how == Open::Read => return Ok(None),
             Err(s) if s == STATUS_FILE_IS_A_DIRECTORY => {
-                return Err(Entry::NotAFile(found(
+                return Err(Misfit::NotAFile(found(
                     self.stat_at(name).ok().flatten().as_ref(),
                 )));
             }
-            Err(s) => return Err(Entry::Io(nt_error(s))),
+            Err(s) => return Err(Misfit::Io(nt_error(s))),
         };
-        let st = Stat::of(handle.as_handle()).map_err(Entry::Io)?;
+        let st = Stat::of(handle.as_handle()).map_err(Misfit::Io)?;
         if !st.is_file() {
-            return Err(Entry::NotAFile(st.kind()));
+            return Err(Misfit::NotAFile(st.kind()));
         }
         if how != Open::Read && st.links > 1 {
-            return Err(Entry::NotAFile("a file with other hard links"));
+            return Err(Misfit::NotAFile("a file with other hard links"));
         }
         Ok(Some((File::from(handle), st.size)))
     }
@@ -413,31 +422,6 @@ impl Dir {
     pub fn file_beneath(&self, rel: &str) -> Option<(File, u64)> {
         let _ = rel;
         None
-    }
-
-    /// Reads file `name` whole, at most [`READ_LIMIT`] bytes; `None` when
-    /// absent.
-    ///
-    /// # Errors
-    /// As [`Dir::file`]; [`Error::Untrusted`] when it is larger than the limit.
-    pub fn read_small(&self, name: impl AsRef<OsStr>) -> Result<Option<Vec<u8>>> {
-        let name = name.as_ref();
-        let Some((file, len)) = self.file_sized(name, Open::Read)? else {
-            return Ok(None);
-        };
-        let bytes = read_bounded(file, len, READ_LIMIT + 1)
-            .map_err(|e| Error::io("read", self.join(name), e))?;
-        if bytes.len() > READ_LIMIT {
-            return Err(untrusted(
-                &self.join(name),
-                format!("it is larger than {READ_LIMIT} bytes, which no file of the tool ever is"),
-                format!(
-                    "remove it (Remove-Item {})",
-                    ps_quote(&self.join(name).display().to_string())
-                ),
-            ));
-        }
-        Ok(Some(bytes))
     }
 
     /// Creates file `name` holding `bytes`; `false` when something is

@@ -1,11 +1,10 @@
-//! The console events `run` handles on Windows (SPEC §2.7, §10), in the
-//! place of SIGINT, SIGTERM and SIGHUP.
+//! Windows: the console control events, in the place of SIGINT, SIGTERM
+//! and SIGHUP (SPEC §2.7, §10).
 //!
 //! [`block`] installs one `SetConsoleCtrlHandler` routine that queues each
 //! event as the signal number it stands for and tells Windows it was
-//! handled (so the wrapper lives on to stop its command and release);
-//! [`Signals::listen`] hands them over a channel, as on Unix. The mapping,
-//! reported as 128+number like a Unix signal:
+//! handled (so the wrapper lives on to stop its command and release). The
+//! mapping, reported as 128+number like a Unix signal:
 //!
 //! - Ctrl-C (`CTRL_C_EVENT`) is SIGINT, 2 (exit 130);
 //! - Ctrl-Break (`CTRL_BREAK_EVENT`) is SIGBREAK, 21, the number the C
@@ -18,8 +17,7 @@
 //! Windows; nothing needs forwarding.
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, mpsc};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex};
 
 use windows_sys::Win32::System::Console::{
     CTRL_BREAK_EVENT, CTRL_C_EVENT, CTRL_CLOSE_EVENT, CTRL_LOGOFF_EVENT, CTRL_SHUTDOWN_EVENT,
@@ -34,9 +32,6 @@ pub const SIGBREAK: libc::c_int = 21;
 pub const SIGHUP: libc::c_int = 1;
 /// What a lost lease stops the command with (reported as 128+15).
 pub const SIGTERM: libc::c_int = 15;
-
-/// The events `run` takes over, as signal numbers.
-pub const FORWARDED: [libc::c_int; 3] = [SIGINT, SIGBREAK, SIGHUP];
 
 static QUEUE: Mutex<VecDeque<libc::c_int>> = Mutex::new(VecDeque::new());
 static ARRIVED: Condvar = Condvar::new();
@@ -63,7 +58,8 @@ pub fn block() {
     }
 }
 
-fn wait_one() -> Option<libc::c_int> {
+/// Waits for one queued event (blocking the calling thread).
+pub(super) fn wait_one() -> Option<libc::c_int> {
     let mut q = QUEUE.lock().ok()?;
     loop {
         if let Some(sig) = q.pop_front() {
@@ -71,53 +67,6 @@ fn wait_one() -> Option<libc::c_int> {
         }
         q = ARRIVED.wait(q).ok()?;
     }
-}
-
-/// The receiving end of the events taken by the handler.
-#[derive(Debug)]
-pub struct Signals {
-    rx: mpsc::Receiver<libc::c_int>,
-}
-
-impl Signals {
-    /// Starts the thread that hands the queued events over ([`block`] first).
-    #[must_use]
-    pub fn listen() -> Self {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            while let Some(sig) = wait_one() {
-                if tx.send(sig).is_err() {
-                    return;
-                }
-            }
-        });
-        Self { rx }
-    }
-
-    /// Waits up to `timeout` for an event; `None` when none came.
-    #[must_use]
-    pub fn next(&self, timeout: Duration) -> Option<libc::c_int> {
-        self.rx.recv_timeout(timeout).ok()
-    }
-
-    /// Hands every later event to `tx` as `wrap(signal)`.
-    pub fn forward<T: Send + 'static>(self, tx: mpsc::Sender<T>, wrap: fn(libc::c_int) -> T) {
-        std::thread::spawn(move || {
-            while let Ok(sig) = self.rx.recv() {
-                if tx.send(wrap(sig)).is_err() {
-                    return;
-                }
-            }
-        });
-    }
-}
-
-/// The exit status of a process a console event ended (or of `run` that
-/// such an event interrupted): 128 + the event's signal number, as on Unix.
-/// The one place it is computed.
-#[must_use]
-pub fn exit_status(sig: libc::c_int) -> u8 {
-    u8::try_from(128 + sig.clamp(0, 127)).unwrap_or(u8::MAX)
 }
 
 /// The name of an event's signal, for messages.

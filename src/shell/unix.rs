@@ -1,15 +1,10 @@
-//! Quoting for the user's shell (POSIX sh; PowerShell and cmd on Windows):
-//! every command line this tool prints (a hint, the fix an error message
-//! names) pastes back as the same words.
-//! A leaf module, so that the stores' messages need nothing of the hints.
+//! Quoting for a POSIX shell.
 
 use std::ffi::OsStr;
-#[cfg(unix)]
 use std::fmt::Write as _;
 
 /// Quotes `s` for a POSIX shell (left bare when it only has safe
 /// characters); see [`quote_os`].
-#[cfg(unix)]
 #[must_use]
 pub fn quote(s: &str) -> String {
     quote_bytes(s.as_bytes())
@@ -24,14 +19,12 @@ pub fn quote(s: &str) -> String {
 /// that end it, so such a run takes the next character with it; a word
 /// that ends in a newline loses it, which a caller naming a directory
 /// avoids by ending it with `/`.)
-#[cfg(unix)]
 #[must_use]
 pub fn quote_os(s: &OsStr) -> String {
     use std::os::unix::ffi::OsStrExt;
     quote_bytes(s.as_bytes())
 }
 
-#[cfg(unix)]
 fn quote_bytes(b: &[u8]) -> String {
     if !b.is_empty()
         && b.iter()
@@ -54,7 +47,6 @@ fn quote_bytes(b: &[u8]) -> String {
 }
 
 /// A word being quoted: what is done, a single-quoted run, a printf run.
-#[cfg(unix)]
 #[derive(Default)]
 struct Word {
     out: String,
@@ -62,7 +54,6 @@ struct Word {
     raw: Vec<u8>,
 }
 
-#[cfg(unix)]
 impl Word {
     fn push(&mut self, c: char) {
         let mut buf = [0u8; 4];
@@ -110,35 +101,7 @@ impl Word {
     }
 }
 
-/// Quotes `s` for PowerShell and cmd alike, as [`quote`] does (a name
-/// that is not valid UTF-16 is shown with U+FFFD: Windows file names
-/// almost never are).
-#[cfg(windows)]
-#[must_use]
-pub fn quote_os(s: &OsStr) -> String {
-    quote(&s.to_string_lossy())
-}
-
-/// Quotes `s` for PowerShell and cmd alike (Windows): bare when it only
-/// has safe characters, else in double quotes, which both shells read the
-/// same way when the string holds no `"`, `%`, `$` or backtick; a string
-/// with one of those is quoted for PowerShell alone (single quotes).
-#[cfg(windows)]
-#[must_use]
-pub fn quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,\\".contains(&b))
-    {
-        s.to_owned()
-    } else if !s.contains(['"', '%', '$', '`']) {
-        format!("\"{s}\"")
-    } else {
-        format!("'{}'", s.replace('\'', "''"))
-    }
-}
-
-#[cfg(all(test, unix))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -3,31 +3,31 @@
 //! would add the boot id, `kern.proc.pid` the start time, and
 //! `IOPlatformUUID` the machine).
 
-use super::Origin;
+use crate::liveness::Origin;
 
-pub(super) fn origin() -> Origin {
+pub(in crate::liveness) fn origin() -> Origin {
     Origin::default()
 }
 
 /// No pid namespaces here.
-pub(super) fn initial_pid_ns(_pid_ns: Option<u64>) -> bool {
+pub(in crate::liveness) fn initial_pid_ns(_pid_ns: Option<u64>) -> bool {
     false
 }
 
-pub(super) fn boot_ms() -> Option<u64> {
+pub(in crate::liveness) fn boot_ms() -> Option<u64> {
     None
 }
 
-pub(super) fn process_start(_pid: u32) -> Option<u64> {
+pub(in crate::liveness) fn process_start(_pid: u32) -> Option<u64> {
     None
 }
 
 /// No portable way to list a group's members: `kill(-pgid, 0)` alone decides.
-pub(super) fn group_has_running_member(_pgid: u32) -> Option<bool> {
+pub(in crate::liveness) fn group_has_running_member(_pgid: u32) -> Option<bool> {
     None
 }
 
 /// No portable way to list processes: the caller signals the group instead.
-pub(super) fn tree(_root: u32) -> Option<Vec<u32>> {
+pub(in crate::liveness) fn tree(_root: u32) -> Option<Vec<u32>> {
     None
 }

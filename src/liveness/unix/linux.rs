@@ -6,7 +6,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use super::Origin;
+use crate::liveness::Origin;
 
 /// Inode of the initial pid namespace (`PROC_PID_INIT_INO`).
 const INIT_PID_NS: u64 = 0xEFFF_FFFC;
@@ -17,7 +17,7 @@ fn ns_inode(kind: &str) -> Option<u64> {
         .map(|m| m.ino())
 }
 
-pub(super) fn origin() -> Origin {
+pub(in crate::liveness) fn origin() -> Origin {
     let pid_ns = ns_inode("pid");
     Origin {
         machine: certain_machine(pid_ns),
@@ -32,7 +32,7 @@ pub(super) fn origin() -> Origin {
 }
 
 /// The initial pid namespace is never freed, so its inode alone names it.
-pub(super) fn initial_pid_ns(pid_ns: Option<u64>) -> bool {
+pub(in crate::liveness) fn initial_pid_ns(pid_ns: Option<u64>) -> bool {
     pid_ns == Some(INIT_PID_NS)
 }
 
@@ -87,7 +87,7 @@ fn certain_machine(pid_ns: Option<u64>) -> Option<String> {
     Some(crate::record::hex(&digest[..16]))
 }
 
-pub(super) fn boot_ms() -> Option<u64> {
+pub(in crate::liveness) fn boot_ms() -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -104,7 +104,7 @@ pub(super) fn boot_ms() -> Option<u64> {
 
 /// Field 22 of `/proc/<pid>/stat`: start time in clock ticks after boot
 /// (`None` when `/proc` is another namespace's, whose `<pid>` is another process).
-pub(super) fn process_start(pid: u32) -> Option<u64> {
+pub(in crate::liveness) fn process_start(pid: u32) -> Option<u64> {
     if !proc_is_ours() {
         return None;
     }
@@ -118,7 +118,7 @@ pub(super) fn process_start(pid: u32) -> Option<u64> {
 /// `Some(false)`: members seen, all zombies; `None`: no member visible
 /// (`/proc` mounted with `hidepid`, say, or another namespace's `/proc`),
 /// so the caller decides by `kill`.
-pub(super) fn group_has_running_member(pgid: u32) -> Option<bool> {
+pub(in crate::liveness) fn group_has_running_member(pgid: u32) -> Option<bool> {
     if !proc_is_ours() {
         return None;
     }
@@ -162,7 +162,7 @@ pub(super) fn group_has_running_member(pgid: u32) -> Option<bool> {
 /// cannot be read. One pass over `/proc/*/stat`: a process that forks
 /// during the pass may be missed, so callers that must stop everything
 /// repeat until nothing is left.
-pub(super) fn tree(root: u32) -> Option<Vec<u32>> {
+pub(in crate::liveness) fn tree(root: u32) -> Option<Vec<u32>> {
     use std::collections::HashMap;
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     let mut found = Vec::new();
