@@ -9,7 +9,59 @@
 
 use std::time::Duration;
 
-use crate::lease::Now;
+use crate::liveness::{self, Origin};
+use crate::record::Timestamp;
+
+/// The boot-time clock of this host: which clock it is, and its reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootClock {
+    /// `/proc/sys/kernel/random/boot_id` on Linux.
+    pub id: String,
+    /// The time namespace (inode of `/proc/self/ns/time`), where the kernel
+    /// has them: another time namespace has another `CLOCK_BOOTTIME`.
+    pub time_ns: Option<u64>,
+    /// `CLOCK_BOOTTIME` in milliseconds (counts suspend, never steps).
+    pub ms: u64,
+}
+
+/// One reading of the clocks, taken once per command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Now {
+    /// Wall clock, milliseconds since the Unix epoch.
+    pub wall_ms: i64,
+    /// Boot-time clock, where the OS has one.
+    pub boot: Option<BootClock>,
+}
+
+impl Now {
+    /// Reads the system clocks.
+    #[must_use]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the one reading of the wall clock"
+    )]
+    pub fn read() -> Self {
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let here = Origin::here();
+        let boot = match (&here.boot_id, liveness::boot_ms()) {
+            (Some(id), Some(ms)) => Some(BootClock {
+                id: id.clone(),
+                time_ns: here.time_ns,
+                ms,
+            }),
+            _ => None,
+        };
+        Self { wall_ms, boot }
+    }
+
+    /// The wall time, whole seconds (rounded down).
+    #[must_use]
+    pub fn wall(&self) -> Timestamp {
+        Timestamp(self.wall_ms.div_euclid(1000))
+    }
+}
 
 /// Where a decision reads the time: the system clocks, or one fixed reading
 /// (a test pins it so that a decision sees exactly the time it was given).

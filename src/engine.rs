@@ -6,10 +6,11 @@
 //! a lock that changed after it looked. Someone else holding the lock is an
 //! outcome (`Ok`), not an error.
 
+use crate::clock::Now;
 use crate::error::Result;
 use crate::history::{Event, EventKind};
 use crate::key::LockKey;
-use crate::lease::{self, Now, StaleReason, Verdict};
+use crate::lease::{self, StaleReason, Verdict};
 use crate::liveness::{self, Origin};
 use crate::record::{FORMAT, Holder, NewRecord, NoFence, OwnerRecord, hash_token, new_token};
 use crate::store::{

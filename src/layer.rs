@@ -70,54 +70,14 @@ struct GitDirs {
     common: PathBuf,
 }
 
+/// The most bytes read of a git metadata file (`.git`, `commondir`).
+const GIT_FILE_LIMIT: usize = 64 * 1024;
+
 /// Reads a small git metadata file: never blocking (a FIFO is refused at
 /// once), at most 64 KiB, as text.
 fn read_small(path: &Path) -> Result<String> {
-    let bytes = read_regular(path, crate::store::fs::dir::READ_LIMIT)?;
+    let bytes = crate::bounded::read_regular(path, GIT_FILE_LIMIT)?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-/// Reads a file that must be a regular file of at most `limit` bytes, named
-/// by the user or by git (a worktree's `.git`, a TLS certificate): never
-/// blocking (a FIFO or a device is refused at once, never waited on) and
-/// never reading more than `limit` (an endless file is refused).
-///
-/// # Errors
-/// [`Error::Io`] naming the file when it cannot be opened, is not a regular
-/// file, or is larger than `limit`.
-pub fn read_regular(path: &Path, limit: usize) -> Result<Vec<u8>> {
-    let mut open = std::fs::OpenOptions::new();
-    open.read(true);
-    sys::never_block(&mut open);
-    let file = open.open(path).map_err(|e| Error::io("read", path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io("read", path, e))?;
-    let refuse = |why: String| Error::io("read", path, std::io::Error::other(why));
-    if !meta.is_file() {
-        return Err(refuse("it is not a regular file".into()));
-    }
-    let bytes = crate::store::fs::dir::read_bounded(file, meta.len(), limit.saturating_add(1))
-        .map_err(|e| Error::io("read", path, e))?;
-    if bytes.len() > limit {
-        return Err(refuse(format!("it is larger than {limit} bytes")));
-    }
-    Ok(bytes)
-}
-
-/// How a file named by the user is opened so that it never blocks.
-#[cfg(unix)]
-mod sys {
-    /// Non-blocking: a FIFO or a device never holds the open.
-    pub(super) fn never_block(open: &mut std::fs::OpenOptions) {
-        std::os::unix::fs::OpenOptionsExt::custom_flags(open, libc::O_NONBLOCK);
-    }
-}
-
-/// How a file named by the user is opened so that it never blocks.
-#[cfg(windows)]
-mod sys {
-    /// Nothing to set: a named pipe is not reachable by a plain path, and
-    /// the type is checked before anything is read.
-    pub(super) fn never_block(_open: &mut std::fs::OpenOptions) {}
 }
 
 fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {

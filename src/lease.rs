@@ -3,7 +3,7 @@
 //! Expiry is the lease's question and is answered here; whether a record's
 //! owner is gone is asked of [`crate::liveness`], which knows nothing of
 //! leases (the dependency goes one way). The clock is passed in as a
-//! [`Now`], so every rule here is unit-tested without sleeping. On the same
+//! [`Now`](crate::clock::Now), so every rule here is unit-tested without sleeping. On the same
 //! boot-time clock that wrote a record (same boot id and same time
 //! namespace), expiry is judged on that clock, which wall-clock steps do not
 //! move; anywhere else it is judged on the wall clock against `expires`.
@@ -12,6 +12,7 @@
 //! without editing the record, and [`verdict`] is the one judgement every
 //! answer uses.
 
+use crate::clock::Now;
 use crate::error::{Error, Result};
 use crate::liveness::{self, Origin};
 use crate::record::{Holder, Timestamp};
@@ -44,57 +45,6 @@ impl StaleReason {
             Self::OwnerDead => "owner_dead",
             Self::Corrupt => "corrupt",
         }
-    }
-}
-
-/// The boot-time clock of this host: which clock it is, and its reading.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BootClock {
-    /// `/proc/sys/kernel/random/boot_id` on Linux.
-    pub id: String,
-    /// The time namespace (inode of `/proc/self/ns/time`), where the kernel
-    /// has them: another time namespace has another `CLOCK_BOOTTIME`.
-    pub time_ns: Option<u64>,
-    /// `CLOCK_BOOTTIME` in milliseconds (counts suspend, never steps).
-    pub ms: u64,
-}
-
-/// One reading of the clocks, taken once per command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Now {
-    /// Wall clock, milliseconds since the Unix epoch.
-    pub wall_ms: i64,
-    /// Boot-time clock, where the OS has one.
-    pub boot: Option<BootClock>,
-}
-
-impl Now {
-    /// Reads the system clocks.
-    #[must_use]
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "the one reading of the wall clock"
-    )]
-    pub fn read() -> Self {
-        let wall_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let here = Origin::here();
-        let boot = match (&here.boot_id, liveness::boot_ms()) {
-            (Some(id), Some(ms)) => Some(BootClock {
-                id: id.clone(),
-                time_ns: here.time_ns,
-                ms,
-            }),
-            _ => None,
-        };
-        Self { wall_ms, boot }
-    }
-
-    /// The wall time, whole seconds (rounded down).
-    #[must_use]
-    pub fn wall(&self) -> Timestamp {
-        Timestamp(self.wall_ms.div_euclid(1000))
     }
 }
 
@@ -269,6 +219,7 @@ pub fn expires_in(holder: &Holder, now: &Now) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::BootClock;
     use crate::record::tests::sample;
 
     fn now(wall_ms: i64, boot: Option<(&str, u64)>) -> Now {

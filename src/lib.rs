@@ -40,6 +40,25 @@
 //! # }
 //! ```
 
+/// The one platform pattern (docs/design.md "Platform code"): a concept's
+/// logic is written once in its `mod.rs`, which reaches the system calls
+/// as `sys`: `unix.rs` and `windows.rs` beside it, with the same functions
+/// on both. A concept whose per-OS part is a few lines writes the two
+/// `mod sys` inline instead.
+macro_rules! per_os {
+    ($($vis:tt)*) => {
+        #[cfg(unix)]
+        $($vis)* mod unix;
+        #[cfg(unix)]
+        use unix as sys;
+        #[cfg(windows)]
+        $($vis)* mod windows;
+        #[cfg(windows)]
+        use windows as sys;
+    };
+}
+
+pub mod bounded;
 pub mod cli;
 pub mod clock;
 pub mod commands;

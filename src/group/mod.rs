@@ -9,14 +9,7 @@
 
 use std::process::{Child, Command};
 
-#[cfg(unix)]
-mod unix;
-#[cfg(unix)]
-use unix as sys;
-#[cfg(windows)]
-mod windows;
-#[cfg(windows)]
-use windows as sys;
+per_os!();
 
 #[cfg(windows)]
 pub(crate) use windows::Job;

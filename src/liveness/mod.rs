@@ -16,14 +16,7 @@
 
 use crate::record::Holder;
 
-#[cfg(unix)]
-mod unix;
-#[cfg(unix)]
-use unix as sys;
-#[cfg(windows)]
-mod windows;
-#[cfg(windows)]
-use windows as sys;
+per_os!();
 
 pub use sys::{group_alive, pid_exists};
 

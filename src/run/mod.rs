@@ -59,14 +59,7 @@
 mod outcome;
 mod reach;
 mod renewer;
-#[cfg(unix)]
-mod unix;
-#[cfg(unix)]
-use unix as sys;
-#[cfg(windows)]
-mod windows;
-#[cfg(windows)]
-use windows as sys;
+per_os!();
 
 pub use outcome::{Completion, OTHERS_SINCE_VAR, Outcome, lease_env};
 pub use reach::Reach;

@@ -7,13 +7,6 @@
 //! `unix.rs` (POSIX sh, any bytes back through `printf`) and `windows.rs`
 //! (PowerShell and cmd).
 
-#[cfg(unix)]
-mod unix;
-#[cfg(unix)]
-use unix as sys;
-#[cfg(windows)]
-mod windows;
-#[cfg(windows)]
-use windows as sys;
+per_os!();
 
 pub use sys::{quote, quote_os};

@@ -16,14 +16,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-#[cfg(unix)]
-pub(crate) mod unix;
-#[cfg(unix)]
-use unix as sys;
-#[cfg(windows)]
-pub(crate) mod windows;
-#[cfg(windows)]
-use windows as sys;
+per_os!(pub(crate));
 
 pub use sys::{SIGTERM, block, name};
 

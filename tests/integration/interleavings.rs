@@ -596,9 +596,9 @@ fn readers_do_not_block_on_the_guard_and_see_a_complete_state() {
 /// so that every acquire is a takeover.
 #[test]
 fn a_reader_never_sees_corrupt_during_a_takeover() {
+    use skill_lock::clock::Now;
     use skill_lock::engine::{self, AcquireRequest, Clock, Context};
     use skill_lock::key::LockKey;
-    use skill_lock::lease::Now;
     use skill_lock::store::fs::FileStore;
     use skill_lock::store::{Current, Store};
 

@@ -137,7 +137,7 @@ const TLS_FILE_LIMIT: usize = 4 << 20;
 pub(super) fn security(config: &EtcdConfig) -> Result<Security> {
     // Regular files only, bounded: a FIFO named by a variable never hangs
     // a command, `/dev/zero` never fills memory (SPEC §8).
-    let read = |path: &String| crate::layer::read_regular(Path::new(path), TLS_FILE_LIMIT);
+    let read = |path: &String| crate::bounded::read_regular(Path::new(path), TLS_FILE_LIMIT);
     let tls = if config.tls {
         Some(Tls {
             ca: config.ca.as_ref().map(read).transpose()?,

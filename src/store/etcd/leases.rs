@@ -8,7 +8,7 @@ use super::client::{self, Client};
 use super::connect::{CallError, Cluster};
 use super::history::trim_history;
 use super::proto::TxnRequest;
-use crate::lease::Now;
+use crate::clock::Now;
 use crate::record::{Holder, Timestamp};
 use crate::store::Written;
 

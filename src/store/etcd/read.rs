@@ -18,8 +18,8 @@
 use super::client::{self, Client};
 use super::connect::CallError;
 use super::proto::KeyValue;
+use crate::clock::Now;
 use crate::error::Error;
-use crate::lease::Now;
 use crate::record::{OwnerRecord, Timestamp};
 use crate::store::{Current, Identity, LeaseEnd, Seen};
 

@@ -695,8 +695,8 @@ mod tests {
     /// release's first look could answer `not_held` in that gap).
     #[test]
     fn a_reader_never_sees_a_lock_free_while_it_is_taken_over() {
+        use crate::clock::Now;
         use crate::engine::Clock;
-        use crate::lease::Now;
         const TAKEOVERS: i64 = 400;
         let dir = tempfile::tempdir().unwrap();
         let store = FileStore::new(dir.path());

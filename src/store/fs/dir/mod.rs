@@ -28,19 +28,12 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-#[cfg(unix)]
-mod unix;
-#[cfg(unix)]
-use unix as sys;
-#[cfg(windows)]
-mod windows;
-#[cfg(windows)]
-use windows as sys;
+per_os!();
 
 pub use sys::{Dir, FileExt};
 #[cfg(windows)]
@@ -150,28 +143,7 @@ pub(crate) enum Misfit {
     Io(std::io::Error),
 }
 
-/// Reads at most `limit` bytes of the regular file `file` of size `size`
-/// (from the `fstat` that checked it): exactly its size when that is smaller (one read, no read for the end of file: a file of
-/// the layer is replaced by rename, never written in place, so its size is
-/// final), else `limit` bytes.
-///
-/// # Errors
-/// The OS error.
-pub fn read_bounded(mut file: File, size: u64, limit: usize) -> std::io::Result<Vec<u8>> {
-    let want = usize::try_from(size).unwrap_or(usize::MAX).min(limit);
-    let mut bytes = vec![0u8; want];
-    let mut got = 0;
-    while let Some(rest) = bytes.get_mut(got..).filter(|r| !r.is_empty()) {
-        match file.read(rest) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    bytes.truncate(got);
-    Ok(bytes)
-}
+pub(crate) use crate::bounded::read_bounded;
 
 /// Where a personal layer is: an anchor the user chose (the checkout, the
 /// git common directory, a `file:DIR`), opened as given, and the names below
