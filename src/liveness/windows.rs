@@ -20,7 +20,7 @@ use std::os::windows::io::{AsRawHandle, BorrowedHandle, FromRawHandle, OwnedHand
 use sha2::{Digest, Sha256};
 use windows_sys::Win32::Foundation::{ERROR_SUCCESS, FILETIME};
 use windows_sys::Win32::System::Threading::{
-    GetProcessTimes, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+    GetProcessTimes, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION, PROCESS_SYNCHRONIZE,
 };
 
 use super::Origin;
@@ -106,10 +106,12 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
     if pid == 0 {
         return Some(false);
     }
-    match open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION) {
+    // Waiting on a process needs SYNCHRONIZE: without it the wait fails,
+    // which once read as "exited" and judged every live owner dead.
+    match open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_SYNCHRONIZE) {
         Ok(None) => Some(false),
         // An exited process whose object someone still holds is gone.
-        Ok(Some(h)) => Some(running(std::os::windows::io::AsHandle::as_handle(&h))),
+        Ok(Some(h)) => running(std::os::windows::io::AsHandle::as_handle(&h)),
         // Access denied: it exists, and is someone else's.
         Err(e) if e.raw_os_error() == Some(5) => Some(true),
         Err(_) => None,
@@ -182,13 +184,18 @@ fn open_process(pid: u32, access: u32) -> std::io::Result<Option<OwnedHandle>> {
     Ok(Some(unsafe { OwnedHandle::from_raw_handle(h) }))
 }
 
-/// Is the process open at `h` still running (not exited)?
+/// Is the process open at `h` (with `SYNCHRONIZE`) still running, not
+/// exited? (`None`: the wait failed, so it cannot tell.)
 #[must_use]
-fn running(h: BorrowedHandle<'_>) -> bool {
+fn running(h: BorrowedHandle<'_>) -> Option<bool> {
+    use windows_sys::Win32::Foundation::{WAIT_OBJECT_0, WAIT_TIMEOUT};
     use windows_sys::Win32::System::Threading::WaitForSingleObject;
     // SAFETY: a valid process handle; a zero timeout only polls.
-    let rc = unsafe { WaitForSingleObject(h.as_raw_handle(), 0) };
-    rc == 0x0000_0102 // WAIT_TIMEOUT
+    match unsafe { WaitForSingleObject(h.as_raw_handle(), 0) } {
+        WAIT_TIMEOUT => Some(true),
+        WAIT_OBJECT_0 => Some(false),
+        _ => None,
+    }
 }
 
 /// The creation time of process `pid` (100 ns since 1601), if it exists
