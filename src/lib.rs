@@ -58,30 +58,49 @@ macro_rules! per_os {
     };
 }
 
-pub mod bounded;
+mod bounded;
 pub mod cli;
 pub mod clock;
-pub mod commands;
-pub mod config;
+mod commands;
+mod config;
 pub mod engine;
 pub mod error;
-pub mod flock;
+mod flock;
 mod group;
-pub mod hint;
+mod hint;
 pub mod history;
 pub mod key;
-pub mod layer;
+mod layer;
 pub mod lease;
-pub mod liveness;
-pub mod output;
+mod liveness;
+mod output;
 pub mod record;
-pub mod root;
-pub mod run;
+mod root;
+mod run;
 mod shell;
 mod signals;
 pub mod store;
-pub mod vars;
-pub mod visible;
-pub mod wait;
+mod vars;
+mod visible;
+mod wait;
+
+/// Internals the fuzz targets (`fuzz/`) drive directly; not part of the
+/// library's API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::config::{NOTE_MAX, validate_note};
+    pub use crate::visible::{is_unsafe, to_writer, visible};
+}
+
+/// The binary's whole body: `run`'s keeper when started as one, else the
+/// command line handed to [`cli::run`]; its exit status.
+#[must_use]
+pub fn main() -> std::process::ExitCode {
+    if let Some(keeper) = run::main_if_keeper() {
+        // Typed by hand: the usual one JSON object, as for any bad argument.
+        return keeper.unwrap_or_else(|err| cli::report_error(&err).into());
+    }
+    cli::run(std::env::args_os()).into()
+}
 
 pub use cli::run;

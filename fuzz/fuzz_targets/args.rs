@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 
 use libfuzzer_sys::fuzz_target;
-use skill_lock::config::{NOTE_MAX, validate_note};
+use skill_lock::fuzzing::{NOTE_MAX, validate_note};
 use skill_lock::key::{COMPONENT_MAX, FILE_SUFFIX_MAX, LockKey, REF_SUFFIX_MAX, is_digest_stem};
 use skill_lock::lease::{MAX_TTL, parse_ttl};
 

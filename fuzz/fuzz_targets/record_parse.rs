@@ -12,7 +12,7 @@
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use skill_lock::record::OwnerRecord;
-use skill_lock::visible::{is_unsafe, to_writer, visible};
+use skill_lock::fuzzing::{is_unsafe, to_writer, visible};
 
 fn round_trip(data: &[u8]) {
     let Ok(rec) = OwnerRecord::parse(data) else {
