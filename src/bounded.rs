@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 ///
 /// # Errors
 /// The OS error.
-pub fn read_bounded(mut file: File, size: u64, limit: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_bounded(mut file: File, size: u64, limit: usize) -> std::io::Result<Vec<u8>> {
     let want = usize::try_from(size).unwrap_or(usize::MAX).min(limit);
     let mut bytes = vec![0u8; want];
     let mut got = 0;
@@ -41,7 +41,7 @@ pub fn read_bounded(mut file: File, size: u64, limit: usize) -> std::io::Result<
 /// # Errors
 /// [`Error::Io`] naming the file when it cannot be opened, is not a regular
 /// file, or is larger than `limit`.
-pub fn read_regular(path: &Path, limit: usize) -> Result<Vec<u8>> {
+pub(crate) fn read_regular(path: &Path, limit: usize) -> Result<Vec<u8>> {
     let mut open = std::fs::OpenOptions::new();
     open.read(true);
     sys::never_block(&mut open);

@@ -18,7 +18,7 @@ use crate::store::{AnyStore, Store};
 /// # Errors
 /// Anything that stops the command before it reaches an outcome (nothing
 /// was printed then).
-pub fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatus> {
+pub(crate) fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatus> {
     if matches!(settings.action, Action::Acquire { .. }) && crate::output::stdout_closed() {
         // A token printed nowhere must not hold a lock (SPEC §3): with
         // standard output closed, the lock is not even taken.

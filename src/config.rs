@@ -22,14 +22,14 @@ use crate::store::fs::dir::Location;
 use crate::store::git::{GitConfig, GitStore};
 
 /// The store setting in the personal layer (SPEC §8).
-pub const CONFIG_FILE: &str = "skill-lock.toml";
+pub(crate) const CONFIG_FILE: &str = "skill-lock.toml";
 
-pub use crate::vars::{Vars, var};
+pub(crate) use crate::vars::{Vars, var};
 
 /// What the process was started with, read once: everything else gets it
 /// passed down and never reads the environment itself.
 #[derive(Debug, Clone, Default)]
-pub struct Environment {
+pub(crate) struct Environment {
     /// The current directory.
     pub cwd: PathBuf,
     /// `SKILL_LOCK_STORE`, when set and not empty.
@@ -60,7 +60,7 @@ impl Environment {
         clippy::disallowed_methods,
         reason = "the one place that reads the environment"
     )]
-    pub fn read() -> Result<Self> {
+    pub(crate) fn read() -> Result<Self> {
         let cwd =
             std::env::current_dir().map_err(|e| Error::io("read", "the current directory", e))?;
         let get = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
@@ -82,7 +82,7 @@ impl Environment {
 
 /// One command, its arguments validated.
 #[derive(Debug, Clone)]
-pub enum Action {
+pub(crate) enum Action {
     /// `acquire` (SPEC §2.1).
     Acquire {
         /// The lock.
@@ -146,7 +146,7 @@ pub enum Action {
 
 /// Everything one invocation needs, validated: what to do, where, and when.
 #[derive(Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The command.
     pub action: Action,
     /// The store, chosen once.
@@ -162,7 +162,7 @@ impl Settings {
     ///
     /// # Errors
     /// As [`choose_store`].
-    pub fn new(
+    pub(crate) fn new(
         action: Action,
         store: Option<&OsString>,
         root: Option<&Path>,
@@ -207,7 +207,7 @@ pub fn validate_note(note: &OsString) -> Result<String> {
 ///
 /// # Errors
 /// [`Error::InvalidPid`].
-pub fn validate_pid(pid: &OsString) -> Result<u32> {
+pub(crate) fn validate_pid(pid: &OsString) -> Result<u32> {
     let text = pid.to_string_lossy().into_owned();
     let Ok(n) = text.parse::<u32>() else {
         return Err(Error::InvalidPid {
@@ -233,7 +233,7 @@ pub fn validate_pid(pid: &OsString) -> Result<u32> {
 
 /// Where the store choice came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreSource {
+pub(crate) enum StoreSource {
     /// `--store`.
     Flag,
     /// `SKILL_LOCK_STORE`.
@@ -247,7 +247,7 @@ pub enum StoreSource {
 /// A store as named, parsed and checked but not opened (SPEC §8): choosing
 /// one runs no program, reads no key file and connects nowhere.
 #[derive(Debug, Clone)]
-pub enum StoreSpec {
+pub(crate) enum StoreSpec {
     /// The file store of a personal layer, or at `file:DIR`.
     File(Location),
     /// A git store.
@@ -259,7 +259,7 @@ pub enum StoreSpec {
 
 /// The chosen store and what the hint needs to name it again.
 #[derive(Debug, Clone)]
-pub struct StoreChoice {
+pub(crate) struct StoreChoice {
     /// The store to open.
     pub spec: StoreSpec,
     /// Where the choice came from.
@@ -283,7 +283,7 @@ impl StoreChoice {
     /// [`Error::Usage`] for a git remote that names nothing or an etcd
     /// setting that is wrong; [`Error::StoreUnavailable`], [`Error::Internal`]
     /// as the store says. No message carries the URL's credentials.
-    pub fn open(&self) -> Result<AnyStore> {
+    pub(crate) fn open(&self) -> Result<AnyStore> {
         let opened = match &self.spec {
             StoreSpec::File(location) => Ok(AnyStore::File(FileStore::at(location.clone()))),
             StoreSpec::Git(config) => GitStore::open(config.clone()).map(AnyStore::Git),
@@ -370,7 +370,7 @@ fn parse_url(url: &str, cwd: &Path, vars: &Vars) -> Result<StoreSpec> {
 /// # Errors
 /// [`Error::NoRoot`] when the personal layer is needed and no root is found;
 /// [`Error::Usage`] for an unknown URL or an unreadable config file.
-pub fn choose_store(
+pub(crate) fn choose_store(
     flag: Option<&OsString>,
     root_flag: Option<&Path>,
     env: &Environment,

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{Environment, Settings, StoreSource};
 use crate::key::LockKey;
-pub use crate::shell::quote as shell_quote;
+pub(crate) use crate::shell::quote as shell_quote;
 use crate::shell::quote_os;
 use crate::store::AnyStore;
 
@@ -25,7 +25,7 @@ use sys::{PROGRAM, STORE_VARIABLE, call, is_executable, same_file};
 /// The `release --force` command line for `key` in the settings' store
 /// (`store`, as opened: a git store knows where its remote resolved to).
 #[must_use]
-pub fn release_force(key: &LockKey, settings: &Settings, store: &AnyStore) -> String {
+pub(crate) fn release_force(key: &LockKey, settings: &Settings, store: &AnyStore) -> String {
     let mut line = launcher(&settings.env);
     let _ = write!(
         line,
@@ -77,7 +77,7 @@ fn root_word(root: &Path) -> PathBuf {
 /// wrapper died: the store as the hint names it (its URL, made absolute,
 /// or the project root), the URL only ever in the release's environment.
 #[must_use]
-pub fn reach(settings: &Settings) -> crate::run::Reach {
+pub(crate) fn reach(settings: &Settings) -> crate::run::Reach {
     let choice = &settings.store;
     match (choice.source, &choice.url) {
         (StoreSource::Flag | StoreSource::Env, Some(url)) => crate::run::Reach {

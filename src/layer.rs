@@ -26,11 +26,11 @@ use crate::error::{Error, Result};
 
 /// The folder, in a working tree, that earlier versions used as an adopted
 /// project's personal layer (and rule 3 still does).
-pub const LOCAL_DIR: &str = ".apache-magpie-local";
+pub(crate) const LOCAL_DIR: &str = ".apache-magpie-local";
 
 /// Which rule of SPEC §5 chose the personal layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayerKind {
+pub(crate) enum LayerKind {
     /// Rule 1: a git checkout (adopted or not).
     Git,
     /// Rule 2: an svn checkout.
@@ -41,7 +41,7 @@ pub enum LayerKind {
 
 /// The resolved personal layer of a project root.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layer {
+pub(crate) struct Layer {
     /// The directory P.
     pub dir: PathBuf,
     /// The rule that chose it.
@@ -122,7 +122,7 @@ fn read_git_dirs(root: &Path) -> Result<Option<GitDirs>> {
 /// # Errors
 /// [`Error::NoRoot`] for a `.git` file that leads nowhere; [`Error::Io`] when
 /// a git metadata file cannot be read.
-pub fn resolve(root: &Path) -> Result<Layer> {
+pub(crate) fn resolve(root: &Path) -> Result<Layer> {
     let mut working = vec![root.join(LOCAL_DIR)];
     if let Some(g) = read_git_dirs(root)? {
         // A linked worktree's main working tree `<M>/.git`: earlier versions

@@ -61,7 +61,7 @@ impl From<ExitStatus> for std::process::ExitCode {
 
 /// What every object about one lock carries: `skill`, `repo` (as given) and `lock`.
 #[derive(Debug, Clone, Serialize)]
-pub struct About {
+pub(crate) struct About {
     /// Skill, as given.
     pub skill: String,
     /// Repo, as given.
@@ -77,7 +77,7 @@ pub struct About {
 impl About {
     /// The lock `key`, where its store says it is.
     #[must_use]
-    pub fn new(key: &LockKey, location: Place) -> Self {
+    pub(crate) fn new(key: &LockKey, location: Place) -> Self {
         Self {
             skill: key.skill().to_owned(),
             repo: key.repo().to_owned(),
@@ -89,7 +89,7 @@ impl About {
 
 /// A `took_over` object: why, and the holder replaced.
 #[derive(Debug, Clone, Serialize)]
-pub struct TookOverJson {
+pub(crate) struct TookOverJson {
     /// `expired`, `owner_dead` or `corrupt`.
     pub reason: &'static str,
     /// The replaced holder, or null for a corrupt record.
@@ -107,7 +107,7 @@ impl From<TookOver> for TookOverJson {
 
 /// `acquired` (acquire, run): the lock is ours.
 #[derive(Debug, Clone, Serialize)]
-pub struct Acquired {
+pub(crate) struct Acquired {
     #[serde(flatten)]
     about: About,
     token: String,
@@ -125,7 +125,7 @@ pub struct Acquired {
 
 /// `already_running` (acquire, run): someone else holds a live lease.
 #[derive(Debug, Clone, Serialize)]
-pub struct AlreadyRunning {
+pub(crate) struct AlreadyRunning {
     #[serde(flatten)]
     about: About,
     holder: Holder,
@@ -135,7 +135,7 @@ pub struct AlreadyRunning {
 
 /// `ran` (run, on stderr): CMD ran while the lock was held.
 #[derive(Debug, Clone, Serialize)]
-pub struct Ran {
+pub(crate) struct Ran {
     #[serde(flatten)]
     about: About,
     fence: u64,
@@ -151,7 +151,7 @@ pub struct Ran {
 /// `interrupted` (run, on stderr): a signal ended `run --wait` before CMD
 /// started; nothing was acquired and nothing run.
 #[derive(Debug, Clone, Serialize)]
-pub struct Interrupted {
+pub(crate) struct Interrupted {
     #[serde(flatten)]
     about: About,
     signal: i32,
@@ -161,7 +161,7 @@ pub struct Interrupted {
 /// `renewed` (renew).
 #[derive(Debug, Clone, Serialize)]
 #[allow(clippy::struct_field_names, reason = "the wire names its fields")]
-pub struct Renewed {
+pub(crate) struct Renewed {
     #[serde(flatten)]
     about: About,
     expires: Timestamp,
@@ -175,7 +175,7 @@ pub struct Renewed {
 
 /// `not_owner` of renew: another token holds the lock.
 #[derive(Debug, Clone, Serialize)]
-pub struct RenewNotOwner {
+pub(crate) struct RenewNotOwner {
     #[serde(flatten)]
     about: About,
     holder: Holder,
@@ -184,7 +184,7 @@ pub struct RenewNotOwner {
 
 /// `not_held` of renew: no lock, or only an unreadable one.
 #[derive(Debug, Clone, Serialize)]
-pub struct RenewNotHeld {
+pub(crate) struct RenewNotHeld {
     #[serde(flatten)]
     about: About,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -193,7 +193,7 @@ pub struct RenewNotHeld {
 
 /// `released` (release).
 #[derive(Debug, Clone, Serialize)]
-pub struct Released {
+pub(crate) struct Released {
     #[serde(flatten)]
     about: About,
     forced: bool,
@@ -202,7 +202,7 @@ pub struct Released {
 
 /// `refused` (release): the token does not hold the lock.
 #[derive(Debug, Clone, Serialize)]
-pub struct Refused {
+pub(crate) struct Refused {
     #[serde(flatten)]
     about: About,
     holder: Option<Holder>,
@@ -211,7 +211,7 @@ pub struct Refused {
 /// The state of one lock, as `status` and `list` show it.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum LockState {
+pub(crate) enum LockState {
     /// A live lease.
     Held {
         /// Its holder.
@@ -252,7 +252,7 @@ impl From<State> for LockState {
 
 /// `status`.
 #[derive(Debug, Clone, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     #[serde(flatten)]
     about: About,
     /// The latest acquisition's fence, held or not; `null`: none known.
@@ -263,7 +263,7 @@ pub struct Status {
 
 /// One lock in a `list` result.
 #[derive(Debug, Clone, Serialize)]
-pub struct ListEntry {
+pub(crate) struct ListEntry {
     /// Skill.
     pub skill: String,
     /// Repository (as recorded; lowercase when the record is unreadable).
@@ -288,7 +288,7 @@ impl From<Entry> for ListEntry {
 
 /// `held` (check): the token holds a live lease.
 #[derive(Debug, Clone, Serialize)]
-pub struct Held {
+pub(crate) struct Held {
     #[serde(flatten)]
     about: About,
     expires: Timestamp,
@@ -298,7 +298,7 @@ pub struct Held {
 
 /// `not_owner` of check: another token holds it, or its record is unreadable.
 #[derive(Debug, Clone, Serialize)]
-pub struct CheckNotOwner {
+pub(crate) struct CheckNotOwner {
     #[serde(flatten)]
     about: About,
     holder: Option<Holder>,
@@ -306,7 +306,7 @@ pub struct CheckNotOwner {
 
 /// `expired` (check): the token's lease ran out or its owner died.
 #[derive(Debug, Clone, Serialize)]
-pub struct Expired {
+pub(crate) struct Expired {
     #[serde(flatten)]
     about: About,
     expires: Timestamp,
@@ -316,7 +316,7 @@ pub struct Expired {
 
 /// `history`.
 #[derive(Debug, Clone, Serialize)]
-pub struct History {
+pub(crate) struct History {
     /// The lock asked about, if one was.
     #[serde(flatten)]
     about: Option<About>,
@@ -328,7 +328,7 @@ pub struct History {
 
 /// `error` (SPEC §3 "Errors").
 #[derive(Debug, Clone, Serialize)]
-pub struct ErrorReport {
+pub(crate) struct ErrorReport {
     error: &'static str,
     message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -340,7 +340,7 @@ pub struct ErrorReport {
 /// The one JSON object of an invocation, tagged by `result`.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
-pub enum Report {
+pub(crate) enum Report {
     /// acquire, run: exit 0.
     Acquired(Acquired),
     /// acquire, run: exit 3.
@@ -385,7 +385,7 @@ pub enum Report {
 impl Report {
     /// The exit status this object means.
     #[must_use]
-    pub fn exit_status(&self) -> ExitStatus {
+    pub(crate) fn exit_status(&self) -> ExitStatus {
         match self {
             Self::Acquired(_)
             | Self::Renewed(_)
@@ -409,7 +409,7 @@ impl Report {
 
     /// The error object of SPEC §3; `lock` names the skill and repo as given.
     #[must_use]
-    pub fn error(err: &Error, lock: Option<(String, String)>) -> Self {
+    pub(crate) fn error(err: &Error, lock: Option<(String, String)>) -> Self {
         let (skill, repo) = lock.unzip();
         Self::Error(ErrorReport {
             error: err.code(),
@@ -420,7 +420,7 @@ impl Report {
     }
 
     /// The object of an acquire; `hint` is asked for only when the lock is held.
-    pub fn acquire(outcome: Acquire, about: About, hint: impl FnOnce() -> String) -> Self {
+    pub(crate) fn acquire(outcome: Acquire, about: About, hint: impl FnOnce() -> String) -> Self {
         match outcome {
             Acquire::Acquired {
                 token,
@@ -452,7 +452,7 @@ impl Report {
 
     /// The object of a `run` that ran CMD.
     #[must_use]
-    pub fn ran(
+    pub(crate) fn ran(
         about: About,
         fence: u64,
         others_since: Option<bool>,
@@ -472,7 +472,7 @@ impl Report {
 
     /// The object of a `run --wait` that a signal ended before CMD started.
     #[must_use]
-    pub fn interrupted(about: About, signal: i32) -> Self {
+    pub(crate) fn interrupted(about: About, signal: i32) -> Self {
         Self::Interrupted(Interrupted {
             about,
             signal,
@@ -485,7 +485,7 @@ impl Report {
 
     /// The object of a renew.
     #[must_use]
-    pub fn renew(outcome: Renew, about: About) -> Self {
+    pub(crate) fn renew(outcome: Renew, about: About) -> Self {
         match outcome {
             Renew::Renewed {
                 holder,
@@ -514,7 +514,7 @@ impl Report {
 
     /// The object of a release.
     #[must_use]
-    pub fn release(outcome: Release, about: About) -> Self {
+    pub(crate) fn release(outcome: Release, about: About) -> Self {
         match outcome {
             Release::Released { holder, forced } => Self::Released(Released {
                 about,
@@ -528,7 +528,7 @@ impl Report {
 
     /// The object of a status.
     #[must_use]
-    pub fn status(status: engine::Status, about: About) -> Self {
+    pub(crate) fn status(status: engine::Status, about: About) -> Self {
         Self::Status(Status {
             about,
             fence: status.fence,
@@ -538,7 +538,7 @@ impl Report {
 
     /// The object of a check.
     #[must_use]
-    pub fn check(outcome: Check, about: About) -> Self {
+    pub(crate) fn check(outcome: Check, about: About) -> Self {
         match outcome {
             Check::Held { holder, expires_in } => Self::Held(Held {
                 about,
@@ -559,7 +559,7 @@ impl Report {
 
     /// The object of a history: of one lock (`about`), or of the whole `store`.
     #[must_use]
-    pub fn history(about: Option<About>, store: String, events: Vec<Event>) -> Self {
+    pub(crate) fn history(about: Option<About>, store: String, events: Vec<Event>) -> Self {
         let store = about.is_none().then_some(store);
         Self::History(History {
             about,
@@ -571,7 +571,7 @@ impl Report {
     /// Serializes to one line ending in `\n`, with nothing in it that a
     /// terminal would act on ([`crate::visible::to_writer`]).
     #[must_use]
-    pub fn to_line(&self) -> Vec<u8> {
+    pub(crate) fn to_line(&self) -> Vec<u8> {
         let mut v = Vec::new();
         if let Err(e) = crate::visible::to_writer(&mut v, self) {
             v = format!(
@@ -585,7 +585,7 @@ impl Report {
 
     /// The token of an `acquired` object (the only one that carries it).
     #[must_use]
-    pub fn token(&self) -> Option<&str> {
+    pub(crate) fn token(&self) -> Option<&str> {
         match self {
             Self::Acquired(a) => Some(&a.token),
             _ => None,
@@ -595,7 +595,7 @@ impl Report {
     /// What the object said, for a note on stderr when it could not be
     /// written: an error's message, else its `result`.
     #[must_use]
-    pub fn gist(&self) -> String {
+    pub(crate) fn gist(&self) -> String {
         match self {
             Self::Error(r) => format!("; it said: {}", r.message),
             other => serde_json::to_value(other)
@@ -611,7 +611,7 @@ impl Report {
     /// # Errors
     /// The write error; [`std::io::ErrorKind::BrokenPipe`] for a standard
     /// output that was closed when the process started.
-    pub fn write(&self, channel: Channel) -> std::io::Result<()> {
+    pub(crate) fn write(&self, channel: Channel) -> std::io::Result<()> {
         let line = self.to_line();
         match channel {
             Channel::Stderr => std::io::stderr().lock().write_all(&line),
@@ -626,7 +626,7 @@ impl Report {
     /// result that could not be written in full is a failure (2, said on
     /// standard error), SPEC §3.
     #[must_use = "the exit status is the process's"]
-    pub fn emit(&self, channel: Channel) -> ExitStatus {
+    pub(crate) fn emit(&self, channel: Channel) -> ExitStatus {
         match self.write(channel) {
             Ok(()) => self.exit_status(),
             Err(e) => {
@@ -639,7 +639,7 @@ impl Report {
 
 /// Says on standard error that the result was not written (`what_then`:
 /// what was done about it, e.g. "; the lock was released again").
-pub fn unwritten(e: &dyn std::fmt::Display, what_then: &str) {
+pub(crate) fn unwritten(e: &dyn std::fmt::Display, what_then: &str) {
     let line = format!("the result could not be written to standard output ({e}){what_then}");
     let _ = writeln!(
         std::io::stderr(),
@@ -650,7 +650,7 @@ pub fn unwritten(e: &dyn std::fmt::Display, what_then: &str) {
 
 /// Where an invocation's one object goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Channel {
+pub(crate) enum Channel {
     /// Standard output: every command but `run`.
     Stdout,
     /// Standard error: `run`'s (CMD owns standard output, SPEC §2.7), and
@@ -662,7 +662,7 @@ impl Channel {
     /// The channel of an invocation whose command word is `command`: the
     /// one place that chooses.
     #[must_use]
-    pub fn of_command(command: Option<&str>) -> Self {
+    pub(crate) fn of_command(command: Option<&str>) -> Self {
         if command == Some("run") {
             Self::Stderr
         } else {
@@ -682,7 +682,7 @@ fn stdout() -> std::io::StdoutLock<'static> {
 ///
 /// # Errors
 /// [`std::io::ErrorKind::BrokenPipe`] when standard output was closed.
-pub fn open_stdout() -> std::io::Result<std::io::StdoutLock<'static>> {
+pub(crate) fn open_stdout() -> std::io::Result<std::io::StdoutLock<'static>> {
     if stdout_closed() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::BrokenPipe,
@@ -695,7 +695,7 @@ pub fn open_stdout() -> std::io::Result<std::io::StdoutLock<'static>> {
 /// Was standard output closed when the process started (so that nothing
 /// written there reaches anyone)?
 #[must_use]
-pub fn stdout_closed() -> bool {
+pub(crate) fn stdout_closed() -> bool {
     sys::stdout_closed()
 }
 
@@ -711,7 +711,7 @@ mod sys {
     /// "succeed"); a shell's `>/dev/null` opens it write-only. So `/dev/null`
     /// open read-write on fd 1 means "closed", and a result written there
     /// reaches nobody.
-    pub fn stdout_closed() -> bool {
+    pub(super) fn stdout_closed() -> bool {
         // SAFETY: fd 1 stays open for the whole process (the runtime made
         // sure of that); it is only borrowed for the two calls below.
         let fd = unsafe { BorrowedFd::borrow_raw(1) };
@@ -741,7 +741,7 @@ mod sys {
 
     /// Was the process started without a standard output handle? (Rust's
     /// runtime then drops what is written there, as if it were written.)
-    pub fn stdout_closed() -> bool {
+    pub(super) fn stdout_closed() -> bool {
         // SAFETY: GetStdHandle has no preconditions.
         let h = unsafe { GetStdHandle(STD_OUTPUT_HANDLE) };
         h.is_null() || h == INVALID_HANDLE_VALUE
@@ -749,7 +749,10 @@ mod sys {
 }
 
 /// Prints the completion script of `cmd` for `shell` on stdout (SPEC §2).
-pub fn print_completions(cmd: &mut clap::Command, shell: clap_complete::Shell) -> ExitStatus {
+pub(crate) fn print_completions(
+    cmd: &mut clap::Command,
+    shell: clap_complete::Shell,
+) -> ExitStatus {
     clap_complete::generate(shell, cmd, "skill-lock", &mut stdout());
     ExitStatus::Success
 }
@@ -815,7 +818,7 @@ impl<W: Write> Write for Counted<W> {
 /// [`engine::list`] as its sink), so the locks are never all in memory. A
 /// result that could not be written in full (standard output closed, full
 /// or a broken pipe) is a failure, said on stderr (SPEC §3).
-pub struct ListPrinter {
+pub(crate) struct ListPrinter {
     list: ListWriter<BufWriter<Counted<std::io::StdoutLock<'static>>>>,
     /// Why standard output failed under an entry.
     closed: Option<String>,
@@ -828,7 +831,7 @@ impl ListPrinter {
     /// # Errors
     /// The exit status when standard output cannot be written (said on
     /// stderr): the store is not read then.
-    pub fn start(store: &str) -> Result<Self, ExitStatus> {
+    pub(crate) fn start(store: &str) -> Result<Self, ExitStatus> {
         let started = open_stdout().and_then(|out| {
             let counted = Counted {
                 inner: out,
@@ -849,7 +852,7 @@ impl ListPrinter {
     ///
     /// # Errors
     /// Standard output failed: the store's visit stops there.
-    pub fn entry(&mut self, judged: Entry) -> Result<(), Error> {
+    pub(crate) fn entry(&mut self, judged: Entry) -> Result<(), Error> {
         self.list.entry(judged).map_err(|e| {
             self.closed = Some(e.to_string());
             Error::io("write", "standard output", e)
@@ -865,7 +868,7 @@ impl ListPrinter {
     /// A store failure before any byte reached stdout (the caller prints the
     /// error object instead). A failure after that ends the broken line, puts
     /// the error object on stderr and returns [`ExitStatus::Error`].
-    pub fn finish(
+    pub(crate) fn finish(
         self,
         visited: Result<usize, Error>,
         legacy: Vec<Entry>,

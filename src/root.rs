@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 
 /// Names whose presence makes a directory a project root, strongest first:
 /// a nearer weaker marker never hides a stronger one further up.
-pub const MARKERS: [&str; 3] = [".git", ".svn", ".apache-magpie.lock"];
+pub(crate) const MARKERS: [&str; 3] = [".git", ".svn", ".apache-magpie.lock"];
 
 /// Finds the project root from an explicit `--root` or `cwd` upwards.
 ///
@@ -28,7 +28,7 @@ pub const MARKERS: [&str; 3] = [".git", ".svn", ".apache-magpie.lock"];
 /// [`Error::NoRoot`] when `--root` does not name a directory or when no
 /// ancestor holds a marker; [`Error::Io`] when the current directory cannot
 /// be read.
-pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf> {
+pub(crate) fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<PathBuf> {
     if let Some(dir) = explicit {
         let abs = if dir.is_absolute() {
             dir.to_path_buf()

@@ -4,52 +4,52 @@
 //! into `config`, which opens them.
 
 /// The variables the stores read (SPEC §8), each named once.
-pub mod var {
+pub(crate) mod var {
     /// Seconds one command's git work may take.
-    pub const GIT_TIMEOUT: &str = "SKILL_LOCK_GIT_TIMEOUT";
+    pub(crate) const GIT_TIMEOUT: &str = "SKILL_LOCK_GIT_TIMEOUT";
     /// The clock-skew allowance of the git store, seconds.
-    pub const CLOCK_SKEW: &str = "SKILL_LOCK_CLOCK_SKEW";
+    pub(crate) const CLOCK_SKEW: &str = "SKILL_LOCK_CLOCK_SKEW";
     /// Commits in a lock's chain before the git store starts a new root.
-    pub const GIT_HISTORY_DEPTH: &str = "SKILL_LOCK_GIT_HISTORY_DEPTH";
+    pub(crate) const GIT_HISTORY_DEPTH: &str = "SKILL_LOCK_GIT_HISTORY_DEPTH";
     /// The git store's private cache repository.
-    pub const GIT_CACHE: &str = "SKILL_LOCK_GIT_CACHE";
+    pub(crate) const GIT_CACHE: &str = "SKILL_LOCK_GIT_CACHE";
     /// Seconds one command's etcd work may take.
-    pub const ETCD_TIMEOUT: &str = "SKILL_LOCK_ETCD_TIMEOUT";
+    pub(crate) const ETCD_TIMEOUT: &str = "SKILL_LOCK_ETCD_TIMEOUT";
     /// PEM file of the CA that signs the etcd servers' certificates.
-    pub const ETCD_CA: &str = "SKILL_LOCK_ETCD_CA";
+    pub(crate) const ETCD_CA: &str = "SKILL_LOCK_ETCD_CA";
     /// PEM file of the etcd client certificate.
-    pub const ETCD_CERT: &str = "SKILL_LOCK_ETCD_CERT";
+    pub(crate) const ETCD_CERT: &str = "SKILL_LOCK_ETCD_CERT";
     /// PEM file of the etcd client key.
-    pub const ETCD_KEY: &str = "SKILL_LOCK_ETCD_KEY";
+    pub(crate) const ETCD_KEY: &str = "SKILL_LOCK_ETCD_KEY";
     /// The etcd user name.
-    pub const ETCD_USER: &str = "SKILL_LOCK_ETCD_USER";
+    pub(crate) const ETCD_USER: &str = "SKILL_LOCK_ETCD_USER";
     /// The etcd user's password.
-    pub const ETCD_PASSWORD: &str = "SKILL_LOCK_ETCD_PASSWORD";
+    pub(crate) const ETCD_PASSWORD: &str = "SKILL_LOCK_ETCD_PASSWORD";
     /// Where the user's caches go (the git store's default cache).
-    pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
+    pub(crate) const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
     /// The user's home (the git store's default cache, without `XDG_CACHE_HOME`).
-    pub const HOME: &str = "HOME";
+    pub(crate) const HOME: &str = "HOME";
     /// git's ssh command: when set, the git store leaves ssh to it.
-    pub const GIT_SSH_COMMAND: &str = "GIT_SSH_COMMAND";
+    pub(crate) const GIT_SSH_COMMAND: &str = "GIT_SSH_COMMAND";
     /// git's older ssh program variable, read like `GIT_SSH_COMMAND`.
-    pub const GIT_SSH: &str = "GIT_SSH";
+    pub(crate) const GIT_SSH: &str = "GIT_SSH";
     /// Configuration entries the user passes git (the git store's follow them).
-    pub const GIT_CONFIG_COUNT: &str = "GIT_CONFIG_COUNT";
+    pub(crate) const GIT_CONFIG_COUNT: &str = "GIT_CONFIG_COUNT";
     /// The HTTP CONNECT proxy the etcd client goes through (as gRPC clients).
-    pub const HTTPS_PROXY: &str = "HTTPS_PROXY";
+    pub(crate) const HTTPS_PROXY: &str = "HTTPS_PROXY";
     /// [`HTTPS_PROXY`], lowercase (read when the uppercase one is not set).
-    pub const HTTPS_PROXY_LOWER: &str = "https_proxy";
+    pub(crate) const HTTPS_PROXY_LOWER: &str = "https_proxy";
     /// The proxy for every protocol: the etcd client's when no `HTTPS_PROXY`.
-    pub const ALL_PROXY: &str = "ALL_PROXY";
+    pub(crate) const ALL_PROXY: &str = "ALL_PROXY";
     /// [`ALL_PROXY`], lowercase.
-    pub const ALL_PROXY_LOWER: &str = "all_proxy";
+    pub(crate) const ALL_PROXY_LOWER: &str = "all_proxy";
     /// The hosts the etcd client reaches directly, not through the proxy.
-    pub const NO_PROXY: &str = "NO_PROXY";
+    pub(crate) const NO_PROXY: &str = "NO_PROXY";
     /// [`NO_PROXY`], lowercase.
-    pub const NO_PROXY_LOWER: &str = "no_proxy";
+    pub(crate) const NO_PROXY_LOWER: &str = "no_proxy";
 
     /// Every variable above: what [`super::Vars`] holds.
-    pub const ALL: [&str; 21] = [
+    pub(crate) const ALL: [&str; 21] = [
         GIT_TIMEOUT,
         CLOCK_SKEW,
         GIT_HISTORY_DEPTH,

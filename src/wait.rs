@@ -17,7 +17,7 @@ use crate::store::Store;
 /// Sleeps between attempts of `--wait`: doubling from 10 ms to 250 ms, each
 /// drawn at random from its upper half, and never past the moment the holder's lease runs out.
 #[must_use]
-pub fn backoff(attempt: u32, lease_left_ms: Option<i64>, deadline: Instant) -> Duration {
+pub(crate) fn backoff(attempt: u32, lease_left_ms: Option<i64>, deadline: Instant) -> Duration {
     let base = 10u64.saturating_mul(1 << attempt.min(5)).min(250);
     let mut r = [0u8; 2];
     let jitter = if getrandom::fill(&mut r).is_ok() {
@@ -37,7 +37,7 @@ pub fn backoff(attempt: u32, lease_left_ms: Option<i64>, deadline: Instant) -> D
 // One value per command: boxing would buy nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Waited {
+pub(crate) enum Waited {
     /// The last attempt's outcome, and when that attempt began (a lease it
     /// acquired lasts at least ttl from then).
     Done {
@@ -55,7 +55,7 @@ pub enum Waited {
 ///
 /// # Errors
 /// Store failures of an attempt.
-pub fn acquire_waiting(
+pub(crate) fn acquire_waiting(
     store: &impl Store,
     key: &LockKey,
     req: &AcquireRequest,
@@ -80,7 +80,7 @@ pub fn acquire_waiting(
 ///
 /// # Errors
 /// Store failures of an attempt.
-pub fn acquire_interruptible(
+pub(crate) fn acquire_interruptible(
     store: &impl Store,
     key: &LockKey,
     req: &AcquireRequest,

@@ -22,7 +22,7 @@ impl Job {
     ///
     /// # Errors
     /// The OS error.
-    pub fn new() -> std::io::Result<Self> {
+    pub(crate) fn new() -> std::io::Result<Self> {
         // SAFETY: no name, default security; the handle is owned below.
         let h = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
         if h.is_null() {
@@ -54,7 +54,7 @@ impl Job {
     ///
     /// # Errors
     /// The OS error.
-    pub fn assign(&self, child: &Child) -> std::io::Result<()> {
+    pub(crate) fn assign(&self, child: &Child) -> std::io::Result<()> {
         // SAFETY: valid job and process handles (the child's, open with
         // every right).
         if unsafe { AssignProcessToJobObject(self.0.as_raw_handle(), child.as_raw_handle()) } == 0 {
@@ -65,7 +65,7 @@ impl Job {
 
     /// How many processes of the job are still running (`None`: unknown).
     #[must_use]
-    pub fn active(&self) -> Option<u32> {
+    pub(crate) fn active(&self) -> Option<u32> {
         // SAFETY: zeroed plain data the call fills in.
         let mut info: JOBOBJECT_BASIC_ACCOUNTING_INFORMATION = unsafe { std::mem::zeroed() };
         // SAFETY: a valid job handle and a buffer of the class's size.
@@ -83,7 +83,7 @@ impl Job {
     }
 
     /// Ends every process of the job with `code`.
-    pub fn terminate(&self, code: u32) {
+    pub(crate) fn terminate(&self, code: u32) {
         // SAFETY: a valid job handle.
         unsafe { TerminateJobObject(self.0.as_raw_handle(), code) };
     }

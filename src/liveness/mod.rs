@@ -18,7 +18,7 @@ use crate::record::Holder;
 
 per_os!();
 
-pub use sys::{group_alive, pid_exists};
+pub(crate) use sys::{group_alive, pid_exists};
 
 /// Where a process runs, as far as it can be known for certain.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,7 +71,7 @@ fn host_override() -> Option<String> {
 /// Hostname of this machine (`SKILL_LOCK_HOST` overrides it, for tests of
 /// cross-host behaviour). Shown in records; never proves anything.
 #[must_use]
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     host_override()
         .or_else(sys::system_hostname)
         .unwrap_or_else(|| "localhost".to_owned())
@@ -80,13 +80,13 @@ pub fn hostname() -> String {
 /// Milliseconds on the boot-time clock (Linux `CLOCK_BOOTTIME`), where the
 /// OS has one.
 #[must_use]
-pub fn boot_ms() -> Option<u64> {
+pub(crate) fn boot_ms() -> Option<u64> {
     sys::boot_ms()
 }
 
 /// Start time of a process (opaque units, comparable on one boot), if known.
 #[must_use]
-pub fn process_start(pid: u32) -> Option<u64> {
+pub(crate) fn process_start(pid: u32) -> Option<u64> {
     sys::process_start(pid)
 }
 
@@ -97,7 +97,14 @@ pub fn process_start(pid: u32) -> Option<u64> {
 /// excluded. `None`: the platform cannot list processes (the caller then
 /// signals the group).
 #[must_use]
-pub fn tree(root: u32) -> Option<Vec<u32>> {
+#[cfg_attr(
+    windows,
+    expect(
+        dead_code,
+        reason = "only the Unix keeper walks a process tree; a Job Object needs no walk"
+    )
+)]
+pub(crate) fn tree(root: u32) -> Option<Vec<u32>> {
     sys::tree(root)
 }
 
@@ -106,7 +113,7 @@ pub fn tree(root: u32) -> Option<Vec<u32>> {
 /// lives (held, even past `expires`: those members may still write),
 /// `Some(false)` once none does. `None`: not a group lock, or not certain.
 #[must_use]
-pub fn group_verdict(holder: &Holder, here: &Origin) -> Option<bool> {
+pub(crate) fn group_verdict(holder: &Holder, here: &Origin) -> Option<bool> {
     let pgid = holder.owner_pgid?;
     if !pid_comparable(holder, here) {
         return None;
@@ -125,14 +132,14 @@ pub(crate) fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
 /// inode number to the next, so the namespace's init start time must match
 /// too.
 #[must_use]
-pub fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
+pub(crate) fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
     sys::pid_comparable(holder, here)
 }
 
 /// True when `holder` was certainly written on this machine before its
 /// current boot: the same certain machine id, another boot id.
 #[must_use]
-pub fn rebooted_since(holder: &Holder, here: &Origin) -> bool {
+pub(crate) fn rebooted_since(holder: &Holder, here: &Origin) -> bool {
     same(holder.machine.as_ref(), here.machine.as_ref())
         && matches!(
             (holder.boot_id.as_ref(), here.boot_id.as_ref()),
@@ -142,7 +149,7 @@ pub fn rebooted_since(holder: &Holder, here: &Origin) -> bool {
 
 /// Is the owner named by `holder` certainly gone, seen from `here`?
 #[must_use]
-pub fn owner_gone(holder: &Holder, here: &Origin) -> bool {
+pub(crate) fn owner_gone(holder: &Holder, here: &Origin) -> bool {
     let Some(pid) = holder.owner_pid else {
         return false;
     };

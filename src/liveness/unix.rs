@@ -44,7 +44,7 @@ pub(super) fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
 
 /// Does a process with this pid exist here? (`None`: cannot tell.)
 #[must_use]
-pub fn pid_exists(pid: u32) -> Option<bool> {
+pub(crate) fn pid_exists(pid: u32) -> Option<bool> {
     let Ok(raw) = libc::pid_t::try_from(pid) else {
         return Some(false);
     };
@@ -71,7 +71,7 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
 /// is never handed out as a pid while any member of that group lives. A
 /// group whose members are all zombies writes nothing more: it is gone.
 #[must_use]
-pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
+pub(crate) fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
     let raw = match libc::pid_t::try_from(pgid) {
         Ok(raw) if raw > 1 => raw,
         _ => return Some(false),

@@ -102,7 +102,7 @@ pub(super) fn process_start(pid: u32) -> Option<u64> {
 
 /// Does a running process with this pid exist here? (`None`: cannot tell.)
 #[must_use]
-pub fn pid_exists(pid: u32) -> Option<bool> {
+pub(crate) fn pid_exists(pid: u32) -> Option<bool> {
     if pid == 0 {
         return Some(false);
     }
@@ -121,7 +121,7 @@ pub fn pid_exists(pid: u32) -> Option<bool> {
 /// Windows has no process groups: a "group" recorded by another platform
 /// is judged by its leader's pid and creation time.
 #[must_use]
-pub fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
+pub(crate) fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
     if !pid_exists(pgid)? {
         return Some(false);
     }

@@ -61,9 +61,9 @@ mod reach;
 mod renewer;
 per_os!();
 
-pub use outcome::{Completion, OTHERS_SINCE_VAR, Outcome, lease_env};
-pub use reach::Reach;
-pub use sys::{main_if_keeper, resolve};
+pub(crate) use outcome::{Completion, Outcome, lease_env};
+pub(crate) use reach::Reach;
+pub(crate) use sys::{main_if_keeper, resolve};
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -81,11 +81,11 @@ use renewer::{Margins, Renewer};
 use sys::CmdTree;
 
 /// Prepares signal handling; call before any other thread is started.
-pub fn prepare() {
+pub(crate) fn prepare() {
     signals::block();
 }
 
-pub use crate::clock::lease_clock;
+pub(crate) use crate::clock::lease_clock;
 
 /// What the owner of CMD's tree reports to the supervisor (the keeper over
 /// its pipe on Unix; the job's watcher thread on Windows).
@@ -144,7 +144,7 @@ struct Lease<'a> {
 /// Store failures of the acquire; the keeper, the job or CMD failing to
 /// start.
 #[allow(clippy::too_many_arguments)]
-pub fn execute<S: Store + Clone + Send + 'static>(
+pub(crate) fn execute<S: Store + Clone + Send + 'static>(
     store: &S,
     key: &LockKey,
     mut req: AcquireRequest,

@@ -5,7 +5,7 @@ use crate::engine::Acquire;
 
 /// How a wrapped command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Completion {
+pub(crate) struct Completion {
     /// The status `run` exits with: CMD's code, or 128+signal.
     pub exit_status: u8,
     /// The signal (on Windows: the console event) that ended CMD, if any.
@@ -23,7 +23,7 @@ pub struct Completion {
 // One value per command: boxing would buy nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The lock was not acquired (`already_running`): CMD did not run.
     NotAcquired(Acquire),
     /// A signal (console event) came before CMD started: nothing acquired
@@ -45,7 +45,7 @@ pub enum Outcome {
 /// `SKILL_LOCK_OTHERS_SINCE` (`true` or `false`: re-read before writing
 /// when it is `true`). Without `--since` that variable is removed, so a
 /// value inherited from an outer `run` is never taken for this one's.
-pub fn lease_env(
+pub(crate) fn lease_env(
     command: &mut std::process::Command,
     token: &str,
     fence: u64,
@@ -61,4 +61,4 @@ pub fn lease_env(
 }
 
 /// The variable that tells CMD `run --since`'s answer.
-pub const OTHERS_SINCE_VAR: &str = "SKILL_LOCK_OTHERS_SINCE";
+pub(crate) const OTHERS_SINCE_VAR: &str = "SKILL_LOCK_OTHERS_SINCE";

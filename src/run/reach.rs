@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Where the lock of a `run` lives, as a separate `release` would be told.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Reach {
+pub(crate) struct Reach {
     /// The project root (`--root`), when the store is found from it.
     pub root: Option<PathBuf>,
     /// The store's URL when it was named (`--store`, `SKILL_LOCK_STORE`),
@@ -21,7 +21,14 @@ impl Reach {
     /// The arguments of `release` for (`skill`, `repo`) after the program
     /// name: every value as `--flag=value`, so none is read as an option.
     #[must_use]
-    pub fn release_args(&self, skill: &str, repo: &str) -> Vec<OsString> {
+    #[cfg_attr(
+        windows,
+        expect(
+            dead_code,
+            reason = "only the Unix keeper releases from another process"
+        )
+    )]
+    pub(crate) fn release_args(&self, skill: &str, repo: &str) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "release".into(),
             skill.into(),

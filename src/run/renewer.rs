@@ -14,7 +14,7 @@ use std::time::Duration;
 /// the margin before the end (125 ms for ttl 1, 5 s from ttl 40 up), which
 /// leaves that long for it to land and for the wrapper to see the group gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Margins {
+pub(super) struct Margins {
     /// Stop this long before the confirmed end.
     pub stop: Duration,
     /// SIGTERM, then SIGKILL this much later.
@@ -24,7 +24,7 @@ pub struct Margins {
 impl Margins {
     /// The margins of a lease of `ttl` seconds.
     #[must_use]
-    pub fn of(ttl: u64) -> Self {
+    pub(super) fn of(ttl: u64) -> Self {
         let stop = (Duration::from_secs(ttl) / 4).min(Duration::from_secs(10));
         Self {
             stop,
@@ -40,7 +40,7 @@ impl Margins {
 /// later and rounds up). Renewals are due every ttl/3; a failed one is
 /// retried after a tenth of the ttl (50 ms to 1 s), not another ttl/3.
 #[derive(Debug, Clone)]
-pub struct Renewer {
+pub(super) struct Renewer {
     ttl: Duration,
     margins: Margins,
     confirmed_end: Duration,
@@ -51,7 +51,7 @@ pub struct Renewer {
 impl Renewer {
     /// A lease of `ttl` seconds whose acquire began at `began`.
     #[must_use]
-    pub fn new(ttl: u64, began: Duration) -> Self {
+    pub(super) fn new(ttl: u64, began: Duration) -> Self {
         let ttl_d = Duration::from_secs(ttl);
         Self {
             ttl: ttl_d,
@@ -68,42 +68,42 @@ impl Renewer {
 
     /// The margins in use.
     #[must_use]
-    pub fn margins(&self) -> Margins {
+    pub(super) fn margins(&self) -> Margins {
         self.margins
     }
 
     /// The end of the lease last confirmed.
     #[must_use]
-    pub fn confirmed_end(&self) -> Duration {
+    pub(super) fn confirmed_end(&self) -> Duration {
         self.confirmed_end
     }
 
     /// When the group must start being stopped unless a renewal confirms more.
     #[must_use]
-    pub fn stop_at(&self) -> Duration {
+    pub(super) fn stop_at(&self) -> Duration {
         self.confirmed_end.saturating_sub(self.margins.stop)
     }
 
     /// Should a renewal be sent now?
     #[must_use]
-    pub fn due(&self, now: Duration) -> bool {
+    pub(super) fn due(&self, now: Duration) -> bool {
         !self.in_flight && now >= self.next
     }
 
     /// A renewal was sent.
-    pub fn sent(&mut self) {
+    pub(super) fn sent(&mut self) {
         self.in_flight = true;
     }
 
     /// The renewal that began at `began` succeeded.
-    pub fn confirmed(&mut self, began: Duration) {
+    pub(super) fn confirmed(&mut self, began: Duration) {
         self.in_flight = false;
         self.confirmed_end = self.confirmed_end.max(began + self.ttl);
         self.next = began + Self::every(self.ttl);
     }
 
     /// The renewal failed at `now`: retry soon.
-    pub fn failed(&mut self, now: Duration) {
+    pub(super) fn failed(&mut self, now: Duration) {
         self.in_flight = false;
         let retry = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         self.next = now + retry;
@@ -111,7 +111,7 @@ impl Renewer {
 
     /// A renewal failed with `why`: says so on stderr, with what is left of
     /// the confirmed lease, and retries soon (both platforms' `run`).
-    pub fn report_failure(&mut self, why: &impl std::fmt::Display) {
+    pub(super) fn report_failure(&mut self, why: &impl std::fmt::Display) {
         let now = lease_clock();
         eprintln!(
             "skill-lock run: renewal failed ({}); retrying; the lease ends in {} ms",
@@ -124,7 +124,7 @@ impl Renewer {
     /// A renewal found the lock held by `holder`: says so on stderr, its
     /// host shown so that a terminal acts on nothing in it (both
     /// platforms' `run`; the record may be forged).
-    pub fn report_lost(holder: &Holder) {
+    pub(super) fn report_lost(holder: &Holder) {
         eprintln!(
             "skill-lock run: the lease was lost (now held by {} pid {:?}, fence {}); stopping the command and everything it started",
             visible(&holder.host),
@@ -136,7 +136,7 @@ impl Renewer {
     /// How long to sleep from `now` before something is due (at most
     /// 200 ms, so a resume from suspend is noticed on the lease clock).
     #[must_use]
-    pub fn sleep(&self, now: Duration) -> Duration {
+    pub(super) fn sleep(&self, now: Duration) -> Duration {
         let wake = if self.in_flight {
             self.stop_at()
         } else {

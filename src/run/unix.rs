@@ -7,7 +7,7 @@
 mod keeper;
 mod terminal;
 
-pub use keeper::main_if_keeper;
+pub(crate) use keeper::main_if_keeper;
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -150,7 +150,7 @@ pub(super) fn ended(
 /// # Errors
 /// [`Error::Usage`] when there is no command, or it is not found or not
 /// executable.
-pub fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathBuf> {
+pub(crate) fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathBuf> {
     let Some(program) = cmd.first() else {
         return Err(Error::Usage("run needs a command after --".into()));
     };

@@ -58,7 +58,7 @@ pub(super) const SURVIVORS: &str = "skill-lock run: processes of the command's J
 
 /// No keeper process on Windows (the Job Object does its work).
 #[must_use]
-pub fn main_if_keeper() -> Option<Result<std::process::ExitCode, crate::error::Error>> {
+pub(crate) fn main_if_keeper() -> Option<Result<std::process::ExitCode, crate::error::Error>> {
     None
 }
 
@@ -273,7 +273,7 @@ pub(super) fn ended(
     clippy::disallowed_methods,
     reason = "PATHEXT is how Windows itself names what it runs; PATH comes from the settings"
 )]
-pub fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathBuf> {
+pub(crate) fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathBuf> {
     let Some(program) = cmd.first() else {
         return Err(Error::Usage("run needs a command after --".into()));
     };

@@ -9,4 +9,4 @@
 
 per_os!();
 
-pub use sys::{quote, quote_os};
+pub(crate) use sys::{quote, quote_os};

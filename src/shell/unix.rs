@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 /// Quotes `s` for a POSIX shell (left bare when it only has safe
 /// characters); see [`quote_os`].
 #[must_use]
-pub fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     quote_bytes(s.as_bytes())
 }
 
@@ -20,7 +20,7 @@ pub fn quote(s: &str) -> String {
 /// that ends in a newline loses it, which a caller naming a directory
 /// avoids by ending it with `/`.)
 #[must_use]
-pub fn quote_os(s: &OsStr) -> String {
+pub(crate) fn quote_os(s: &OsStr) -> String {
     use std::os::unix::ffi::OsStrExt;
     quote_bytes(s.as_bytes())
 }

@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 /// that is not valid UTF-16 is shown with U+FFFD: Windows file names
 /// almost never are).
 #[must_use]
-pub fn quote_os(s: &OsStr) -> String {
+pub(crate) fn quote_os(s: &OsStr) -> String {
     quote(&s.to_string_lossy())
 }
 
@@ -15,7 +15,7 @@ pub fn quote_os(s: &OsStr) -> String {
 /// same way when the string holds no `"`, `%`, `$` or backtick; a string
 /// with one of those is quoted for PowerShell alone (single quotes).
 #[must_use]
-pub fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     if !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_./@:=+,\\".contains(&b))

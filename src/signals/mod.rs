@@ -18,18 +18,18 @@ use std::time::Duration;
 
 per_os!(pub(crate));
 
-pub use sys::{SIGTERM, block, name};
+pub(crate) use sys::{SIGTERM, block, name};
 
 /// The receiving end of the signals taken by the listening thread.
 #[derive(Debug)]
-pub struct Signals {
+pub(crate) struct Signals {
     rx: mpsc::Receiver<libc::c_int>,
 }
 
 impl Signals {
     /// Starts the thread that takes the signals over ([`block`] first).
     #[must_use]
-    pub fn listen() -> Self {
+    pub(crate) fn listen() -> Self {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             while let Some(sig) = sys::wait_one() {
@@ -43,13 +43,17 @@ impl Signals {
 
     /// Waits up to `timeout` for a signal; `None` when none came.
     #[must_use]
-    pub fn next(&self, timeout: Duration) -> Option<libc::c_int> {
+    pub(crate) fn next(&self, timeout: Duration) -> Option<libc::c_int> {
         self.rx.recv_timeout(timeout).ok()
     }
 
     /// Hands every later signal to `tx` as `wrap(signal)`, from a thread of
     /// its own (so one channel carries signals and other events alike).
-    pub fn forward<T: Send + 'static>(self, tx: mpsc::Sender<T>, wrap: fn(libc::c_int) -> T) {
+    pub(crate) fn forward<T: Send + 'static>(
+        self,
+        tx: mpsc::Sender<T>,
+        wrap: fn(libc::c_int) -> T,
+    ) {
         std::thread::spawn(move || {
             while let Ok(sig) = self.rx.recv() {
                 if tx.send(wrap(sig)).is_err() {
@@ -64,6 +68,6 @@ impl Signals {
 /// `run` that one interrupted: 128 + the signal's number, the shell's
 /// convention. The one place it is computed.
 #[must_use]
-pub fn exit_status(sig: libc::c_int) -> u8 {
+pub(crate) fn exit_status(sig: libc::c_int) -> u8 {
     u8::try_from(128 + sig.clamp(0, 127)).unwrap_or(u8::MAX)
 }

@@ -2,7 +2,7 @@
 //! `sigwait`.
 
 /// Terminate; what a lost lease stops the command with.
-pub const SIGTERM: libc::c_int = libc::SIGTERM;
+pub(crate) const SIGTERM: libc::c_int = libc::SIGTERM;
 
 /// The signals `run` takes over and forwards to its command's group.
 const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -21,7 +21,7 @@ fn set() -> libc::sigset_t {
 
 /// Blocks the forwarded signals in this thread and every thread it starts
 /// later. Call before any other thread exists.
-pub fn block() {
+pub(crate) fn block() {
     let set = set();
     // SAFETY: valid set; a null old-set pointer is allowed.
     unsafe {
@@ -31,7 +31,7 @@ pub fn block() {
 
 /// Unblocks the forwarded signals; async-signal-safe, for use between fork
 /// and exec (a child must not inherit the wrapper's blocked mask).
-pub fn unblock_in_child() {
+pub(crate) fn unblock_in_child() {
     let set = set();
     // SAFETY: valid set; pthread_sigmask is async-signal-safe.
     unsafe {
@@ -52,7 +52,7 @@ pub(super) fn wait_one() -> Option<libc::c_int> {
     clippy::must_use_candidate,
     reason = "most callers signal a group that may be gone already"
 )]
-pub fn send_group(pgid: u32, sig: libc::c_int) -> bool {
+pub(crate) fn send_group(pgid: u32, sig: libc::c_int) -> bool {
     match libc::pid_t::try_from(pgid) {
         // SAFETY: kill(2) of a process group this process started.
         Ok(raw) if raw > 1 => unsafe { libc::kill(-raw, sig) == 0 },
@@ -62,7 +62,7 @@ pub fn send_group(pgid: u32, sig: libc::c_int) -> bool {
 
 /// The name of a forwarded signal, for messages.
 #[must_use]
-pub fn name(sig: libc::c_int) -> &'static str {
+pub(crate) fn name(sig: libc::c_int) -> &'static str {
     match sig {
         libc::SIGINT => "SIGINT",
         libc::SIGTERM => "SIGTERM",

@@ -25,13 +25,13 @@ use windows_sys::Win32::System::Console::{
 };
 
 /// Ctrl-C.
-pub const SIGINT: libc::c_int = 2;
+pub(crate) const SIGINT: libc::c_int = 2;
 /// Ctrl-Break (the C runtime's SIGBREAK).
-pub const SIGBREAK: libc::c_int = 21;
+pub(crate) const SIGBREAK: libc::c_int = 21;
 /// The console closed, logoff, shutdown.
-pub const SIGHUP: libc::c_int = 1;
+pub(crate) const SIGHUP: libc::c_int = 1;
 /// What a lost lease stops the command with (reported as 128+15).
-pub const SIGTERM: libc::c_int = 15;
+pub(crate) const SIGTERM: libc::c_int = 15;
 
 static QUEUE: Mutex<VecDeque<libc::c_int>> = Mutex::new(VecDeque::new());
 static ARRIVED: Condvar = Condvar::new();
@@ -51,7 +51,7 @@ unsafe extern "system" fn on_event(event: u32) -> windows_sys::core::BOOL {
 }
 
 /// Installs the handler: from now on the events are queued, not fatal.
-pub fn block() {
+pub(crate) fn block() {
     // SAFETY: a valid handler routine for the life of the process.
     unsafe {
         SetConsoleCtrlHandler(Some(on_event), 1);
@@ -71,7 +71,7 @@ pub(super) fn wait_one() -> Option<libc::c_int> {
 
 /// The name of an event's signal, for messages.
 #[must_use]
-pub fn name(sig: libc::c_int) -> &'static str {
+pub(crate) fn name(sig: libc::c_int) -> &'static str {
     match sig {
         SIGINT => "SIGINT (Ctrl-C)",
         SIGBREAK => "SIGBREAK (Ctrl-Break)",

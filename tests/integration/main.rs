@@ -6,8 +6,10 @@
 // The suite drives POSIX shells, signals and /proc: Unix only (Windows runs
 // the unit tests and the release workflow's smoke sequence).
 #![cfg(unix)]
-// Test code may unwrap, read the environment and the clock, and skip pedantry.
+// Test code may unwrap, read the environment and the clock, and skip pedantry;
+// its `pub` items are the harness's, shared between modules of this binary.
 #![allow(
+    unreachable_pub,
     clippy::pedantic,
     clippy::unwrap_used,
     clippy::disallowed_methods,

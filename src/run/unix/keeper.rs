@@ -68,7 +68,7 @@ use crate::error::{Error, Result};
 use crate::signals::{self, unix::send_group, unix::unblock_in_child};
 
 /// The first argument that makes this binary the keeper of a `run`.
-pub const KEEPER_ARG: &str = "__skill-lock-run-keeper";
+pub(super) const KEEPER_ARG: &str = "__skill-lock-run-keeper";
 
 /// The keeper's end of the control pipe.
 const CONTROL_FD: RawFd = 3;
@@ -101,7 +101,7 @@ fn parse_report(line: &str) -> Option<TreeReport> {
 
 /// The wrapper's handle on its keeper.
 #[derive(Debug)]
-pub struct Keeper {
+pub(super) struct Keeper {
     child: Child,
     control: Option<std::io::PipeWriter>,
     reports: Option<std::io::PipeReader>,
@@ -133,7 +133,7 @@ impl Keeper {
     ///
     /// # Errors
     /// [`Error::Internal`] when no pipe or process can be made.
-    pub fn start(
+    pub(super) fn start(
         grace: Duration,
         program: &Path,
         cmd: &[OsString],
@@ -199,7 +199,7 @@ impl Keeper {
     /// The keeper's pid: the id of the process group it leads (itself and
     /// the `release` it may run; never CMD).
     #[must_use]
-    pub fn pgid(&self) -> u32 {
+    pub(super) fn pgid(&self) -> u32 {
         self.child.id()
     }
 
@@ -213,7 +213,7 @@ impl Keeper {
     /// Starts CMD under the lease with `token`, `fence` and `--since`'s
     /// answer ([`crate::run::lease_env`]); with `lend`, CMD's group is made the
     /// terminal's foreground.
-    pub fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>, lend: bool) {
+    pub(super) fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>, lend: bool) {
         self.started = true;
         let since = match others_since {
             None => "-",
@@ -225,30 +225,30 @@ impl Keeper {
 
     /// Tells the keeper to stop the tree itself at `stop_at` on the lease
     /// clock unless a later moment comes first.
-    pub fn arm(&mut self, stop_at: Duration) {
+    pub(super) fn arm(&mut self, stop_at: Duration) {
         self.send(&format!("stop-at {}\n", stop_at.as_millis()));
     }
 
     /// Tells the keeper that this wrapper has dealt with the lock (released
     /// it, or found it lost): it exits without releasing.
-    pub fn done(&mut self) {
+    pub(super) fn done(&mut self) {
         self.send("done\n");
         self.control = None;
     }
 
     /// Forwards `sig` to every process of the tree.
-    pub fn signal(&mut self, sig: libc::c_int) {
+    pub(super) fn signal(&mut self, sig: libc::c_int) {
         self.send(&format!("signal {sig}\n"));
     }
 
     /// Stops the tree now (SIGTERM, the grace, SIGKILL).
-    pub fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         self.send("stop\n");
     }
 
     /// Hands every report to `tx` as `wrap(report)`, from a thread of its
     /// own; the last is [`TreeReport::Empty`] or [`TreeReport::Gone`].
-    pub fn reports<T: Send + 'static>(&mut self, tx: mpsc::Sender<T>, wrap: fn(TreeReport) -> T) {
+    pub(super) fn reports<T: Send + 'static>(&mut self, tx: mpsc::Sender<T>, wrap: fn(TreeReport) -> T) {
         let Some(pipe) = self.reports.take() else {
             return;
         };
@@ -268,7 +268,7 @@ impl Keeper {
     }
 
     /// Before CMD started: lets the keeper exit and reaps it.
-    pub fn quit(&mut self) {
+    pub(super) fn quit(&mut self) {
         self.send("quit\n");
         self.control = None;
         self.reap();
@@ -276,7 +276,7 @@ impl Keeper {
 
     /// Waits for the keeper to exit (it does once no process of the tree
     /// is left, or at once before CMD started).
-    pub fn reap(&mut self) {
+    pub(super) fn reap(&mut self) {
         if !self.reaped {
             self.reaped = true;
             let _ = self.child.wait();
@@ -314,7 +314,7 @@ const RELEASE_WAIT: Duration = Duration::from_secs(60);
 /// one was named, in `SKILL_LOCK_STORE`: never in an argument, since it may
 /// carry credentials.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReleaseOrder {
+pub(super) struct ReleaseOrder {
     /// The words after the program name (`release SKILL --repo=REPO ...`).
     pub args: Vec<OsString>,
     /// The store's URL, for the release's environment.
@@ -427,7 +427,7 @@ impl Msg {
 /// it to its end and returns its exit status; `None` otherwise. `Some(Err)`:
 /// the argument was typed by hand (the caller prints the usual error object).
 #[must_use]
-pub fn main_if_keeper() -> Option<Result<ExitCode, crate::error::Error>> {
+pub(crate) fn main_if_keeper() -> Option<Result<ExitCode, crate::error::Error>> {
     let mut args = std::env::args_os().skip(1);
     if args.next()? != KEEPER_ARG {
         return None;

@@ -28,7 +28,7 @@ use super::tunnel::{self, Tunnel, TunnelFailure};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
-pub enum CallFailure {
+pub(super) enum CallFailure {
     /// The server (or tonic on its behalf) answered with a gRPC status.
     #[error("{}: {}", .0.code(), .0.message())]
     Status(#[from] tonic::Status),
@@ -68,7 +68,7 @@ impl CallFailure {
     /// Is this worth trying on another endpoint? Everything but an answer
     /// that another member would give just the same (bad request, denied).
     #[must_use]
-    pub fn retryable(&self) -> bool {
+    pub(super) fn retryable(&self) -> bool {
         use tonic::Code;
         match self {
             // tonic reports its own request timeout as Cancelled.
@@ -88,7 +88,7 @@ impl CallFailure {
 
 /// TLS material and credentials, read once per process.
 #[derive(Debug, Clone, Default)]
-pub struct Security {
+pub(super) struct Security {
     /// TLS on (`etcds://`), with an optional CA and client identity (PEM).
     pub tls: Option<Tls>,
     /// User and password for etcd's `Authenticate`.
@@ -97,7 +97,7 @@ pub struct Security {
 
 /// TLS settings of a connection.
 #[derive(Debug, Clone, Default)]
-pub struct Tls {
+pub(super) struct Tls {
     /// PEM CA bundle that signed the members' certificates.
     pub ca: Option<Vec<u8>>,
     /// PEM client certificate and key.
@@ -106,7 +106,7 @@ pub struct Tls {
 
 /// Adds etcd's headers to every request.
 #[derive(Clone)]
-pub struct Headers {
+pub(super) struct Headers {
     token: Option<AsciiMetadataValue>,
 }
 
@@ -125,7 +125,7 @@ type Svc = InterceptedService<Channel, Headers>;
 
 /// A connection to one etcd member.
 #[derive(Clone)]
-pub struct Client {
+pub(super) struct Client {
     kv: KvClient<Svc>,
     lease: LeaseClient<Svc>,
 }
@@ -137,7 +137,7 @@ impl Client {
     ///
     /// # Errors
     /// The connection or authentication failed.
-    pub async fn connect(
+    pub(super) async fn connect(
         host_port: &str,
         security: &Security,
         proxy: Option<&Proxy>,
@@ -204,7 +204,7 @@ impl Client {
     ///
     /// # Errors
     /// The call failed.
-    pub async fn range(&mut self, req: RangeRequest) -> Result<RangeResponse, CallFailure> {
+    pub(super) async fn range(&mut self, req: RangeRequest) -> Result<RangeResponse, CallFailure> {
         Ok(self.kv.range(req).await?.into_inner())
     }
 
@@ -212,7 +212,7 @@ impl Client {
     ///
     /// # Errors
     /// The call failed (its outcome is then unknown).
-    pub async fn txn(&mut self, req: TxnRequest) -> Result<TxnResponse, CallFailure> {
+    pub(super) async fn txn(&mut self, req: TxnRequest) -> Result<TxnResponse, CallFailure> {
         Ok(self.kv.txn(req).await?.into_inner())
     }
 
@@ -220,7 +220,10 @@ impl Client {
     ///
     /// # Errors
     /// The call failed.
-    pub async fn lease_grant(&mut self, ttl: i64) -> Result<LeaseGrantResponse, CallFailure> {
+    pub(super) async fn lease_grant(
+        &mut self,
+        ttl: i64,
+    ) -> Result<LeaseGrantResponse, CallFailure> {
         Ok(self
             .lease
             .lease_grant(LeaseGrantRequest { ttl, id: 0 })
@@ -232,7 +235,7 @@ impl Client {
     ///
     /// # Errors
     /// The call failed.
-    pub async fn lease_revoke(&mut self, id: i64) -> Result<(), CallFailure> {
+    pub(super) async fn lease_revoke(&mut self, id: i64) -> Result<(), CallFailure> {
         self.lease.lease_revoke(LeaseRevokeRequest { id }).await?;
         Ok(())
     }
@@ -243,7 +246,7 @@ impl Client {
     ///
     /// # Errors
     /// The call failed.
-    pub async fn lease_ttl(&mut self, id: i64) -> Result<(i64, i64), CallFailure> {
+    pub(super) async fn lease_ttl(&mut self, id: i64) -> Result<(i64, i64), CallFailure> {
         let r = self
             .lease
             .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })
@@ -255,7 +258,7 @@ impl Client {
 
 /// The first key past every key that starts with `prefix`.
 #[must_use]
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -269,7 +272,7 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// A read of one key (every range request carries a limit: no answer
 /// can grow with the store, SPEC §8).
 #[must_use]
-pub fn get(key: &str) -> RangeRequest {
+pub(super) fn get(key: &str) -> RangeRequest {
     RangeRequest {
         key: key.as_bytes().to_vec(),
         limit: 1,
@@ -280,7 +283,7 @@ pub fn get(key: &str) -> RangeRequest {
 /// A read of the first `limit` keys under `prefix` (a page: `limit` is at
 /// least 1, so no answer can grow with the store).
 #[must_use]
-pub fn get_prefix(prefix: &str, limit: i64) -> RangeRequest {
+pub(super) fn get_prefix(prefix: &str, limit: i64) -> RangeRequest {
     RangeRequest {
         key: prefix.as_bytes().to_vec(),
         range_end: prefix_end(prefix.as_bytes()),
@@ -306,7 +309,7 @@ fn equal(
 
 /// Compares the key's create revision (0: the key does not exist).
 #[must_use]
-pub fn created_at(key: &str, revision: i64) -> Compare {
+pub(super) fn created_at(key: &str, revision: i64) -> Compare {
     use proto::compare::{CompareTarget, TargetUnion};
     equal(
         key,
@@ -317,14 +320,14 @@ pub fn created_at(key: &str, revision: i64) -> Compare {
 
 /// Compares the key's last modification revision.
 #[must_use]
-pub fn modified_at(key: &str, revision: i64) -> Compare {
+pub(super) fn modified_at(key: &str, revision: i64) -> Compare {
     use proto::compare::{CompareTarget, TargetUnion};
     equal(key, CompareTarget::Mod, TargetUnion::ModRevision(revision))
 }
 
 /// A put inside a transaction (`lease` 0: none).
 #[must_use]
-pub fn put(key: impl Into<Vec<u8>>, value: Vec<u8>, lease: i64) -> RequestOp {
+pub(super) fn put(key: impl Into<Vec<u8>>, value: Vec<u8>, lease: i64) -> RequestOp {
     RequestOp {
         request: Some(proto::request_op::Request::RequestPut(PutRequest {
             key: key.into(),
@@ -337,7 +340,7 @@ pub fn put(key: impl Into<Vec<u8>>, value: Vec<u8>, lease: i64) -> RequestOp {
 
 /// A delete of one key inside a transaction.
 #[must_use]
-pub fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
+pub(super) fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
     RequestOp {
         request: Some(proto::request_op::Request::RequestDeleteRange(
             DeleteRangeRequest {

@@ -41,6 +41,8 @@ mod history;
 mod leases;
 mod list;
 #[rustfmt::skip]
+// Generated (tests/integration/generated.rs checks it is what proto/ generates).
+#[allow(unreachable_pub)]
 mod proto;
 mod proxy;
 mod read;

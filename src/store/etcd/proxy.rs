@@ -170,7 +170,7 @@ fn split_host_port(s: &str) -> (&str, Option<u16>) {
 /// # Errors
 /// [`Error::Usage`] for a proxy URL this client cannot use, naming its
 /// variable (never its credentials).
-pub fn from_vars(vars: &Vars, endpoints: &[String]) -> Result<(Option<Proxy>, NoProxy)> {
+pub(super) fn from_vars(vars: &Vars, endpoints: &[String]) -> Result<(Option<Proxy>, NoProxy)> {
     let no_proxy = [var::NO_PROXY, var::NO_PROXY_LOWER]
         .iter()
         .find_map(|k| vars.get(k))

@@ -25,7 +25,7 @@ const ANSWER_LIMIT: usize = 16 * 1024;
 
 /// Why the tunnel could not be opened: names the proxy, never its credentials.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum TunnelFailure {
+pub(super) enum TunnelFailure {
     /// The proxy could not be reached (or closed the connection).
     #[error("cannot reach the proxy {proxy} (from {var}): {why}")]
     Unreachable {
@@ -46,7 +46,7 @@ pub enum TunnelFailure {
 impl TunnelFailure {
     /// Is it worth trying again (the proxy may come back), or a definite no?
     #[must_use]
-    pub fn retryable(&self) -> bool {
+    pub(super) fn retryable(&self) -> bool {
         matches!(self, Self::Unreachable { .. })
     }
 }
@@ -84,7 +84,7 @@ fn judge_status(answer: &[u8]) -> Result<(), String> {
 }
 
 /// Opens a tunnel to `target` through `proxy`.
-pub async fn open(proxy: &Proxy, target: &str) -> Result<TcpStream, TunnelFailure> {
+pub(super) async fn open(proxy: &Proxy, target: &str) -> Result<TcpStream, TunnelFailure> {
     let unreachable = |why: String| TunnelFailure::Unreachable {
         proxy: proxy.shown.clone(),
         var: proxy.from,
@@ -122,7 +122,7 @@ pub async fn open(proxy: &Proxy, target: &str) -> Result<TcpStream, TunnelFailur
 
 /// A tonic connector that reaches one endpoint through the proxy.
 #[derive(Clone)]
-pub struct Tunnel {
+pub(super) struct Tunnel {
     pub(super) proxy: Arc<Proxy>,
     /// The endpoint, `host:port` as the store URL gives it.
     pub(super) target: String,
@@ -144,7 +144,7 @@ impl Service<Uri> for Tunnel {
 }
 
 /// The tunnel failure somewhere in `e`'s chain of sources, if any.
-pub fn find(e: &(dyn std::error::Error + 'static)) -> Option<TunnelFailure> {
+pub(super) fn find(e: &(dyn std::error::Error + 'static)) -> Option<TunnelFailure> {
     let mut cur = Some(e);
     while let Some(err) = cur {
         if let Some(t) = err.downcast_ref::<TunnelFailure>() {

@@ -17,7 +17,7 @@ pub fn network_fs_of(dir: sys::Handle<'_>) -> Option<&'static str> {
 /// Linux: the `statfs` magic number of the directory's file system.
 #[cfg(target_os = "linux")]
 mod sys {
-    pub use std::os::fd::BorrowedFd as Handle;
+    pub(super) use std::os::fd::BorrowedFd as Handle;
 
     pub(super) fn network_fs_of(dir: Handle<'_>) -> Option<&'static str> {
         let st = rustix::fs::fstatfs(dir).ok()?;
@@ -32,7 +32,7 @@ mod sys {
 /// "macfuse", would tell).
 #[cfg(all(unix, not(target_os = "linux")))]
 mod sys {
-    pub use std::os::fd::BorrowedFd as Handle;
+    pub(super) use std::os::fd::BorrowedFd as Handle;
 
     pub(super) fn network_fs_of(_dir: Handle<'_>) -> Option<&'static str> {
         None
@@ -42,7 +42,7 @@ mod sys {
 /// Windows: the remote protocol of the directory's handle.
 #[cfg(windows)]
 mod sys {
-    pub use std::os::windows::io::BorrowedHandle as Handle;
+    pub(super) use std::os::windows::io::BorrowedHandle as Handle;
 
     pub(super) fn network_fs_of(dir: Handle<'_>) -> Option<&'static str> {
         crate::store::fs::dir::remote_protocol(dir)

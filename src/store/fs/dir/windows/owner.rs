@@ -16,7 +16,7 @@ use windows_sys::Win32::System::Threading::{GetCurrentProcess, OpenProcessToken}
 
 /// Who owns a file or directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Owner {
+pub(super) enum Owner {
     /// The invoking user (or the Administrators group, when this token is
     /// a member of it: elevated processes create files owned by it).
     Me,
@@ -28,7 +28,7 @@ pub enum Owner {
 ///
 /// # Errors
 /// The OS error.
-pub fn owned_by_me(h: BorrowedHandle<'_>) -> std::io::Result<Owner> {
+pub(super) fn owned_by_me(h: BorrowedHandle<'_>) -> std::io::Result<Owner> {
     let mut owner: PSID = std::ptr::null_mut();
     let mut sd: PSECURITY_DESCRIPTOR = std::ptr::null_mut();
     // SAFETY: a valid handle; the out-pointers are valid; sd is freed below.
