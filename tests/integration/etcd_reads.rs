@@ -354,7 +354,10 @@ fn every_range_request_carries_a_limit() {
         &ep,
         Box::new(move || {
             let (seen, mut grpc) = (tap_seen.clone(), GrpcMessages::new());
-            Box::new(move |bytes: &[u8]| seen.lock().unwrap().extend(grpc.feed(bytes)))
+            Box::new(move |bytes: &[u8]| {
+                seen.lock().unwrap().extend(grpc.feed(bytes));
+                None
+            })
         }),
     );
     let url = format!("etcd://{}{prefix}", proxy.addr());

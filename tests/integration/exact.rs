@@ -17,18 +17,16 @@
 //! Covers: SPEC §7, §8.
 
 use crate::common;
+use common::chaos::{Fault, Proxy};
 use common::http2::FrameWatch;
 
 use base64::Engine as _;
 use common::verbs::Lock;
 use common::{TestEnv, Value};
 use skill_lock::record::Timestamp;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 fn etcd(test: &str) -> Option<String> {
@@ -146,51 +144,14 @@ fn renew_reports_the_ttl_the_cluster_granted() {
 /// transaction with a record has reached the member, and from then on
 /// forwards nothing, in either direction, on any connection, old or new:
 /// the member froze right after it received the transaction.
-fn freezing_proxy(target: String) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let frozen = Arc::new(AtomicBool::new(false));
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for client in l.incoming().flatten() {
-            if frozen.load(Ordering::SeqCst) {
-                held.push(client);
-                continue;
-            }
-            let Ok(server) = TcpStream::connect(&target) else {
-                continue;
-            };
-            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            let up = frozen.clone();
-            std::thread::spawn(move || {
-                let (mut from, mut to) = (c2, s2);
-                let mut watch = FrameWatch::new(300);
-                let mut b = [0u8; 16384];
-                while let Ok(n) = from.read(&mut b) {
-                    if n == 0 || up.load(Ordering::SeqCst) || to.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                    if watch.feed(&b[..n]) {
-                        up.store(true, Ordering::SeqCst);
-                    }
-                }
-                // Frozen: keep the connection open, forward nothing.
-                std::thread::sleep(Duration::from_secs(60));
-            });
-            let down = frozen.clone();
-            std::thread::spawn(move || {
-                let (mut from, mut to) = (server, client);
-                let mut b = [0u8; 16384];
-                while let Ok(n) = from.read(&mut b) {
-                    if n == 0 || down.load(Ordering::SeqCst) || to.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-                std::thread::sleep(Duration::from_secs(60));
-            });
-        }
-    });
-    addr
+fn freezing_proxy(target: &str) -> Proxy {
+    Proxy::tapped(
+        target,
+        Box::new(|| {
+            let mut watch = FrameWatch::new(300);
+            Box::new(move |bytes: &[u8]| watch.feed(bytes).then_some(Fault::Hang))
+        }),
+    )
 }
 
 #[test]
@@ -205,7 +166,8 @@ fn an_acquire_lost_to_a_frozen_member_answers_in_time_and_leaves_no_ghost() {
     let direct = format!("etcd://{ep}{pfx}");
     for round in 0..3 {
         let skill = format!("ghost-{round}");
-        let through = format!("etcd://{}{pfx}", freezing_proxy(ep.clone()));
+        let proxy = freezing_proxy(&ep);
+        let through = format!("etcd://{}{pfx}", proxy.addr());
         let began = Instant::now();
         let o = lock(&cwd, &through, &skill)
             .op("acquire")

@@ -672,8 +672,10 @@ pub enum Fault {
     Slow(u64),
 }
 
-/// What sees every byte one connection's client sends.
-pub type Sink = Box<dyn FnMut(&[u8]) + Send>;
+/// What sees every byte one connection's client sends, once forwarded; a
+/// fault it answers is done to every connection from then on (a member
+/// that froze right after it received a given request).
+pub type Sink = Box<dyn FnMut(&[u8]) -> Option<Fault> + Send>;
 
 /// Makes a fresh [`Sink`] per connection.
 pub type Tap = Box<dyn Fn() -> Sink + Send + Sync>;
@@ -847,9 +849,6 @@ fn pump(mut from: TcpStream, mut to: TcpStream, s: &Shared, born: u64, mut tap: 
             }
             Err(_) => break,
         };
-        if let Some(t) = tap.as_mut() {
-            t(&buf[..n]);
-        }
         // Bytes read as a hang began are held, and delivered late.
         while s.fault() == Fault::Hang && !s.gone(born) {
             std::thread::sleep(Duration::from_millis(5));
@@ -859,6 +858,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, s: &Shared, born: u64, mut tap: 
         }
         if s.gone(born) || to.write_all(&buf[..n]).is_err() {
             break;
+        }
+        if let Some(fault) = tap.as_mut().and_then(|t| t(&buf[..n])) {
+            *s.fault.lock().unwrap() = fault;
         }
     }
     let _ = from.shutdown(Shutdown::Both);
