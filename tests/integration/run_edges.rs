@@ -40,7 +40,7 @@ impl World {
         let env = TestEnv::new();
         let repo = env.git_repo("r");
         let lock = if git {
-            crate::git_store::Remote::file(&env).lock(&repo, SKILL, REPO)
+            common::stores::Store::git(&env, None).lock(&repo, SKILL, REPO)
         } else {
             Lock::new(&repo, SKILL, REPO)
         };
