@@ -21,7 +21,9 @@ use common::chaos::{Fault, Proxy};
 use common::http2::FrameWatch;
 
 use base64::Engine as _;
+use common::run_verbs::set_field;
 use common::verbs::Lock;
+use common::etcdctl;
 use common::{TestEnv, Value};
 use skill_lock::record::Timestamp;
 use std::io::Write;
@@ -46,26 +48,6 @@ fn lock(cwd: &Path, store: &str, skill: &str) -> Lock {
 #[track_caller]
 fn ms_of(time: &str) -> i64 {
     Timestamp::parse(time).unwrap().0 * 1000
-}
-
-/// `etcdctl` against `ep`, its standard output as JSON.
-fn etcdctl(ep: &str, args: &[&str]) -> Value {
-    let out = Command::new("etcdctl")
-        .args(["--endpoints", ep, "-w", "json"])
-        .args(args)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("etcdctl runs");
-    assert!(out.status.success(), "etcdctl {args:?} failed");
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The TTL the cluster granted to the lease of key `key`.
-fn granted_ttl(ep: &str, key: &str) -> u64 {
-    let got = etcdctl(ep, &["get", key]);
-    let lease = got.pointer("/kvs/0/lease").and_then(Value::as_i64).unwrap();
-    let ttl = etcdctl(ep, &["lease", "timetolive", &format!("{lease:x}")]);
-    ttl.pointer("/granted-ttl").and_then(Value::as_u64).unwrap()
 }
 
 /// Sleeps until `at_ms` past a whole second of the wall clock.
@@ -123,12 +105,12 @@ fn renew_reports_the_ttl_the_cluster_granted() {
     let lock = lock(&cwd, &store, "granted");
     let a = lock.op("acquire").ttl(30).reply().is("acquired");
     let (token, key) = (a.token(), a.lock());
-    assert_eq!(a.ttl(), granted_ttl(&ep, key), "{a:?}");
+    assert_eq!(a.ttl(), etcdctl::granted_ttl(&ep, key), "{a:?}");
     // Below the cluster's minimum lease (2 s by default): it grants more,
     // and renew says what it granted, as acquire does.
     let before = common::wall_ms();
     let r = lock.op("renew").ttl(1).token(token).reply().is("renewed");
-    let granted = granted_ttl(&ep, key);
+    let granted = etcdctl::granted_ttl(&ep, key);
     assert_eq!(r.ttl(), granted, "{r:?}");
     let expires = ms_of(r.expires());
     let granted_ms = i64::try_from(granted).unwrap() * 1000;
@@ -220,17 +202,16 @@ fn a_history_larger_than_one_message_is_read_in_pages() {
     // 5,000 events of the longest note (about 6 MB, past tonic's 4 MiB
     // message limit), written straight into the store in batches through
     // etcd's JSON gateway; each a copy of the real one, numbered.
-    let real = etcdctl(&ep, &["get", "--prefix", &format!("{pfx}history/")]);
+    let real = etcdctl::first_value(&ep, &format!("{pfx}history/"));
+    let template: Value = serde_json::from_slice(&real).unwrap();
     let b64 = base64::engine::general_purpose::STANDARD;
-    let value = real.pointer("/kvs/0/value").and_then(Value::as_str);
-    let template: Value = serde_json::from_slice(&b64.decode(value.unwrap()).unwrap()).unwrap();
     let total: usize = 5000;
     for batch in 0..total / 100 {
         let ops: Vec<Value> = (0..100)
             .map(|i| {
                 let n = batch * 100 + i;
                 let mut ev = template.clone();
-                *ev.pointer_mut("/pid").unwrap() = Value::from(n);
+                set_field(&mut ev, "pid", n);
                 let key = format!(
                     "{pfx}history/{:020}-{n:016x}",
                     1_000_000_000_000_000_000u64 + n as u64

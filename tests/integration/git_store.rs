@@ -9,6 +9,7 @@
 use crate::common;
 
 use common::gitd::bare_repo;
+use common::run_verbs::GitState;
 use common::stores::Store;
 use common::verbs::{Lock, Reply};
 use common::{TestEnv, Value};
@@ -580,8 +581,8 @@ fn a_pid_recorded_by_another_machine_with_our_hostname_is_never_judged() {
         remote.remote_dir(),
         &["show", "refs/skill-lock/s@o__r:lock.json"],
     );
-    let tip: Value = serde_json::from_str(&tip).unwrap();
-    assert_eq!(tip.pointer("/record/owner_pid"), Some(&dead.into()));
+    let tip: GitState = serde_json::from_str(&tip).unwrap();
+    assert_eq!(tip.record.owner_pid(), Some(u64::from(dead)));
 }
 
 #[test]

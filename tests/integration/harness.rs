@@ -10,6 +10,8 @@ use std::process::{Command, Stdio};
 pub use serde_json::Value;
 
 pub mod chaos;
+/// What `etcdctl` says about a cluster, asked by name.
+pub mod etcdctl;
 pub mod gitd;
 pub mod http2;
 /// Every store a conformance test runs on, and the macro that runs it there.

@@ -157,6 +157,21 @@ pub struct GitState {
     pub rest: serde_json::Map<String, serde_json::Value>,
 }
 
+/// `v` (an object a test plants) with `field` set to `to`.
+#[track_caller]
+pub fn set_field(v: &mut serde_json::Value, field: &str, to: impl Into<serde_json::Value>) {
+    v.as_object_mut()
+        .expect("a JSON object")
+        .insert(field.to_owned(), to.into());
+}
+
+impl Record {
+    /// Its `owner_pid`, if it has one.
+    pub fn owner_pid(&self) -> Option<u64> {
+        self.rest.get("owner_pid").and_then(serde_json::Value::as_u64)
+    }
+}
+
 /// A JSON file read as `T`, failing the test naming the file.
 #[track_caller]
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> T {
