@@ -7,8 +7,8 @@
 
 use crate::common;
 
-use common::{TestEnv, chaos};
 use common::verbs::{Lock, Reply};
+use common::{TestEnv, chaos};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

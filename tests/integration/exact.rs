@@ -21,9 +21,9 @@ use common::chaos::{Fault, Proxy};
 use common::http2::FrameWatch;
 
 use base64::Engine as _;
+use common::etcdctl;
 use common::run_verbs::set_field;
 use common::verbs::Lock;
-use common::etcdctl;
 use common::{TestEnv, Value};
 use skill_lock::record::Timestamp;
 use std::io::Write;

@@ -11,8 +11,8 @@
 
 use crate::common;
 
-use common::verbs::{Lock, Reply};
 use common::chaos::Seed;
+use common::verbs::{Lock, Reply};
 use common::{BIN, TestEnv};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -10,9 +10,9 @@ use crate::common;
 
 use common::gitd::bare_repo;
 use common::run_verbs::{GitState, json_bytes};
-use serde::{Deserialize, Serialize};
 use common::verbs::{Lock, Reply, reply};
 use common::{Cmd, Out, TestEnv};
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -135,11 +135,7 @@ fn measure() {
     // SAFETY: waits for our own child, writing into locals.
     let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
-    std::fs::write(
-        m.dir.join("usage"),
-        format!("{status} {}", usage.ru_maxrss),
-    )
-    .unwrap();
+    std::fs::write(m.dir.join("usage"), format!("{status} {}", usage.ru_maxrss)).unwrap();
 }
 
 /// A bare remote whose lock ref `s@o__r` points at a commit holding a

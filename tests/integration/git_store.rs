@@ -262,7 +262,7 @@ fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance
     let cwd = env.dir("w");
     let remote = Store::git(&env, None);
     let dir = remote.remote_dir();
-    plant(&dir, "s@o__r", &foreign_state(5));
+    plant(dir, "s@o__r", &foreign_state(5));
     // Expired 5 s ago by this clock, inside the 30 s allowance: still held.
     let lock = remote.lock(&cwd, "s", "o/r");
     let held = lock.acquire().is("already_running");
@@ -285,7 +285,7 @@ fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance
     );
     assert_eq!(took.fence(), Some(42));
     // Past the default allowance, the default takes over too.
-    plant(&dir, "s@o__r", &foreign_state(31));
+    plant(dir, "s@o__r", &foreign_state(31));
     let took = lock.acquire().is("acquired");
     assert_eq!(took.took_over().unwrap().reason, "expired");
 }
@@ -296,7 +296,7 @@ fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
     let cwd = env.dir("w");
     let remote = Store::git(&env, None);
     let dir = remote.remote_dir();
-    plant(&dir, "s@o__r", &foreign_state(100));
+    plant(dir, "s@o__r", &foreign_state(100));
     let lock = remote.lock(&cwd, "s", "o/r");
     assert_eq!(lock.acquire().is("acquired").fence(), Some(42));
     // An admin pushes junk on top of it (a commit whose lock.json is not a state).
@@ -307,7 +307,7 @@ fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
     );
     let tree = git_out(&tmp, &["hash-object", "-t", "tree", "-w", "/dev/null"]);
     let tree = tree.trim();
-    let tip = git_out(&dir, &["rev-parse", "refs/skill-lock/s@o__r"]);
+    let tip = git_out(dir, &["rev-parse", "refs/skill-lock/s@o__r"]);
     let junk = git_out(
         &tmp,
         &[
@@ -450,7 +450,10 @@ fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() 
     let env = TestEnv::new();
     let cwd = env.dir("w");
     let remote = Store::git(&env, Some((24400, &[])));
-    let (one, two) = (remote.lock_as(1, &cwd, "s", "o/r"), remote.lock_as(2, &cwd, "s", "o/r"));
+    let (one, two) = (
+        remote.lock_as(1, &cwd, "s", "o/r"),
+        remote.lock_as(2, &cwd, "s", "o/r"),
+    );
     let mine = one.acquire().is("acquired");
     let t = mine.token();
     // Another machine forces it away and takes it.
@@ -489,7 +492,7 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
         "fences survive new roots"
     );
     let count = |r: &str| {
-        git_out(&dir, &["rev-list", "--count", r])
+        git_out(dir, &["rev-list", "--count", r])
             .trim()
             .parse::<usize>()
             .unwrap()
@@ -497,7 +500,7 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     // A fetch of the lock brings its short chain only.
     assert_eq!(count("refs/skill-lock/s@o__r"), 2);
     let archives = git_out(
-        &dir,
+        dir,
         &[
             "for-each-ref",
             "--format=%(refname)",
@@ -522,7 +525,10 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
         .collect();
     assert_eq!(seq, want);
     // A fresh cache (another machine) reads the same history.
-    let other = remote.lock_as(5, &cwd, "s", "o/r").store_op("history").limit(3);
+    let other = remote
+        .lock_as(5, &cwd, "s", "o/r")
+        .store_op("history")
+        .limit(3);
     let other = other.expect(0, "history");
     let e = other.events();
     assert_eq!(e.len(), 3);

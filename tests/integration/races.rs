@@ -20,9 +20,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::chaos::Seed;
 use common::run_verbs::wrapped;
 use common::verbs::{Holder, Lock, Reply};
-use common::chaos::Seed;
 use common::{Cmd, Out, TestEnv};
 
 const SKILL: &str = "race";

@@ -6,9 +6,9 @@
 //! Covers: SPEC §2.7, §8.
 
 use crate::common::run_verbs::{GitState, typed};
+use crate::common::stores::Store;
 use crate::common::verbs::{Reply, run_reply};
 use crate::common::{BIN, Out, TestEnv};
-use crate::common::stores::Store;
 use crate::git_store::{foreign_state, plant};
 use std::process::Command;
 

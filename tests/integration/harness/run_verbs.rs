@@ -168,7 +168,9 @@ pub fn set_field(v: &mut serde_json::Value, field: &str, to: impl Into<serde_jso
 impl Record {
     /// Its `owner_pid`, if it has one.
     pub fn owner_pid(&self) -> Option<u64> {
-        self.rest.get("owner_pid").and_then(serde_json::Value::as_u64)
+        self.rest
+            .get("owner_pid")
+            .and_then(serde_json::Value::as_u64)
     }
 }
 
@@ -282,9 +284,8 @@ fn start_time(pid: i32) -> Option<u64> {
 /// test's directory, or its script)? Pids are reused (this VM's `pid_max`
 /// is 32768): a stale kill could hit another test's process.
 pub fn names(pid: i32, marker: &Path) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-        String::from_utf8_lossy(&c).contains(marker.to_str().unwrap_or("\0"))
-    })
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker.to_str().unwrap_or("\0")))
 }
 
 /// SIGKILLs `pid`, a process a failing test would leave behind, if it still
