@@ -13,7 +13,7 @@
 use crate::common;
 
 use common::TestEnv;
-use common::chaos::{Proxy, Rng, Seed};
+use common::chaos::{Proxy, Rng, Seed, Then};
 use common::http2::GrpcMessages;
 use common::verbs::{self, Lock, Reply};
 use std::sync::{Arc, Mutex};
@@ -356,7 +356,7 @@ fn every_range_request_carries_a_limit() {
             let (seen, mut grpc) = (tap_seen.clone(), GrpcMessages::new());
             Box::new(move |bytes: &[u8]| {
                 seen.lock().unwrap().extend(grpc.feed(bytes));
-                None
+                Then::Go
             })
         }),
     );

@@ -17,7 +17,7 @@
 //! Covers: SPEC §7, §8.
 
 use crate::common;
-use common::chaos::{Fault, Proxy};
+use common::chaos::{Fault, Proxy, Then};
 use common::http2::FrameWatch;
 
 use base64::Engine as _;
@@ -131,7 +131,13 @@ fn freezing_proxy(target: &str) -> Proxy {
         target,
         Box::new(|| {
             let mut watch = FrameWatch::new(300);
-            Box::new(move |bytes: &[u8]| watch.feed(bytes).then_some(Fault::Hang))
+            Box::new(move |bytes: &[u8]| {
+                if watch.feed(bytes) {
+                    Then::Fault(Fault::Hang)
+                } else {
+                    Then::Go
+                }
+            })
         }),
     )
 }
