@@ -5,17 +5,18 @@
 //!
 //! Needs `SKILL_LOCK_TEST_ETCD=host:port` (one plain-text member is enough);
 //! skipped visibly without it, a failure under `SKILL_LOCK_TEST_ETCD_REQUIRED`.
-//! The faults come from small TCP proxies on loopback started by each test.
+//! The faults come from the chaos kit's proxy and a listener that never
+//! answers, on loopback, started by each test.
 //!
 //! Covers: SPEC §7, §8.
 
 use crate::common;
+use common::chaos::{Proxy, Then};
 use common::http2::FrameWatch;
 
 use common::TestEnv;
 use common::verbs::{Lock, Reply};
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,53 +48,25 @@ fn hung_endpoint() -> String {
     addr
 }
 
-/// A TCP proxy to `target` that, on the connection which carries the first
+/// A proxy to `target` that, on the connection which carries the first
 /// transaction with a record, forwards the request and then swallows every
 /// answer on that connection (the member committed; the client never hears
 /// it). Other connections pass untouched.
-fn answer_eating_proxy(target: String) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
+fn answer_eating_proxy(target: &str) -> Proxy {
     let fired = Arc::new(AtomicBool::new(false));
-    std::thread::spawn(move || {
-        for client in l.incoming().flatten() {
-            let Ok(server) = TcpStream::connect(&target) else {
-                continue;
-            };
-            let eat = Arc::new(AtomicBool::new(false));
-            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            let (fired, eat_up) = (fired.clone(), eat.clone());
-            // client -> server, watching for the transaction
-            std::thread::spawn(move || {
-                let (mut from, mut to) = (c2, s2);
-                let mut watch = FrameWatch::new(300);
-                let mut b = [0u8; 16384];
-                while let Ok(n) = from.read(&mut b) {
-                    if n == 0 || to.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                    if watch.feed(&b[..n]) && !fired.swap(true, Ordering::SeqCst) {
-                        eat_up.store(true, Ordering::SeqCst);
-                    }
+    Proxy::tapped(
+        target,
+        Box::new(move || {
+            let (fired, mut watch) = (fired.clone(), FrameWatch::new(300));
+            Box::new(move |bytes: &[u8]| {
+                if watch.feed(bytes) && !fired.swap(true, Ordering::SeqCst) {
+                    Then::Deafen
+                } else {
+                    Then::Go
                 }
-                let _ = to.shutdown(Shutdown::Write);
-            });
-            // server -> client, swallowed once the transaction went by
-            std::thread::spawn(move || {
-                let (mut from, mut to) = (server, client);
-                let mut b = [0u8; 16384];
-                while let Ok(n) = from.read(&mut b) {
-                    if n == 0 {
-                        break;
-                    }
-                    if !eat.load(Ordering::SeqCst) && to.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    addr
+            })
+        }),
+    )
 }
 
 #[test]
@@ -172,7 +145,8 @@ fn a_lost_answer_is_settled_by_reading_it_back() {
     let direct = lock(&cwd, &direct, "lost");
     direct.op("acquire").ttl(2).reply().is("acquired");
     std::thread::sleep(Duration::from_millis(3500));
-    let through = format!("etcd://{}{pfx}", answer_eating_proxy(ep.clone()));
+    let proxy = answer_eating_proxy(&ep);
+    let through = format!("etcd://{}{pfx}", proxy.addr());
     let o = lock(&cwd, &through, "lost")
         .with_env("SKILL_LOCK_ETCD_TIMEOUT", "2")
         .op("acquire")

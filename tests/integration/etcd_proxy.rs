@@ -20,7 +20,7 @@ use crate::common;
 
 use common::TestEnv;
 use common::chaos::{self, Tuning};
-use common::verbs::{self, Lock, Reply};
+use common::verbs::{Lock, Reply};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
@@ -163,12 +163,12 @@ fn every_command_works_through_a_connect_proxy_with_credentials() {
     assert!(matches!(lock.status(), Reply::Status { state, .. } if state == "held"));
     assert!(matches!(lock.check(&token), Reply::Held { .. }));
     assert!(matches!(lock.renew(&token), Reply::Renewed { .. }));
-    let listed = verbs::reply(&lock.store_cmd(&["list"]).run());
+    let listed = lock.list();
     assert!(
         matches!(&listed, Reply::List { locks, .. } if locks.len() == 1),
         "{listed:?}"
     );
-    let history = verbs::reply(&lock.store_cmd(&["history"]).run());
+    let history = lock.store_history();
     assert!(matches!(&history, Reply::History { events, .. } if !events.is_empty()));
     let before = proxy.count();
     assert!(

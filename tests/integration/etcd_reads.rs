@@ -13,7 +13,7 @@
 use crate::common;
 
 use common::TestEnv;
-use common::chaos::{Proxy, Rng, Seed};
+use common::chaos::{Proxy, Rng, Seed, Then};
 use common::http2::GrpcMessages;
 use common::verbs::{self, Lock, Reply};
 use std::sync::{Arc, Mutex};
@@ -86,7 +86,7 @@ fn a_reader_racing_a_release_answers_held_or_free_never_stale() {
     let cwd = env.git_repo("repo");
     let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "reads"));
     let lock = Lock::new(&cwd, "race", "o/r").in_store(&url);
-    let list = || verbs::reply(&lock.store_cmd(&["list"]).run());
+    let list = || lock.list();
     let seed = Seed::from_env(test, "SKILL_LOCK_READS_SEED");
     let mut rng = seed.rng(0);
     let honest = [
@@ -241,7 +241,7 @@ fn list_reads_a_store_larger_than_a_grpc_message_in_pages() {
     let out = Lock::new(&cwd, "big", "o/r")
         .in_store(&url)
         .with_env("SKILL_LOCK_ETCD_TIMEOUT", "30")
-        .store_cmd(&["list"])
+        .store_op("list")
         .run();
     let took = began.elapsed();
     let Reply::List { locks, .. } = verbs::reply(&out) else {
@@ -354,7 +354,10 @@ fn every_range_request_carries_a_limit() {
         &ep,
         Box::new(move || {
             let (seen, mut grpc) = (tap_seen.clone(), GrpcMessages::new());
-            Box::new(move |bytes: &[u8]| seen.lock().unwrap().extend(grpc.feed(bytes)))
+            Box::new(move |bytes: &[u8]| {
+                seen.lock().unwrap().extend(grpc.feed(bytes));
+                Then::Go
+            })
         }),
     );
     let url = format!("etcd://{}{prefix}", proxy.addr());
@@ -363,10 +366,10 @@ fn every_range_request_carries_a_limit() {
     assert!(matches!(lock.status(), Reply::Status { .. }));
     assert!(matches!(lock.check(&token), Reply::Held { .. }));
     assert!(matches!(lock.renew(&token), Reply::Renewed { .. }));
-    let list = verbs::reply(&lock.store_cmd(&["list"]).run());
+    let list = lock.list();
     assert!(matches!(list, Reply::List { .. }), "{list:?}");
-    assert!(matches!(lock.call("history", &[]), Reply::History { .. }));
-    let all = verbs::reply(&lock.store_cmd(&["history"]).run());
+    assert!(matches!(lock.history(), Reply::History { .. }));
+    let all = lock.store_history();
     assert!(matches!(all, Reply::History { .. }), "{all:?}");
     assert!(matches!(lock.release(&token), Reply::Released { .. }));
     let messages = seen.lock().unwrap().clone();

@@ -7,8 +7,8 @@
 
 use crate::common;
 
-use common::TestEnv;
 use common::verbs::{Lock, Reply};
+use common::{TestEnv, chaos};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -101,11 +101,11 @@ fn etcds_with_a_private_ca_and_client_certificates() {
     make_pki(&pki);
     let p = |f: &str| pki.join(f).display().to_string();
     let client_url = "https://127.0.0.1:24401";
-    let tuning = common::EtcdTuning {
+    let tuning = chaos::Tuning {
         heartbeat_ms: 10,
         election_ms: 100,
     };
-    let mut etcd = common::etcd_member(
+    let mut etcd = chaos::member(
         &env.path("data"),
         0,
         &[client_url.to_owned()],

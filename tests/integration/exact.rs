@@ -17,18 +17,18 @@
 //! Covers: SPEC §7, §8.
 
 use crate::common;
+use common::chaos::{Fault, Proxy, Then};
 use common::http2::FrameWatch;
 
 use base64::Engine as _;
+use common::etcdctl;
+use common::run_verbs::set_field;
 use common::verbs::Lock;
 use common::{TestEnv, Value};
 use skill_lock::record::Timestamp;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 fn etcd(test: &str) -> Option<String> {
@@ -48,26 +48,6 @@ fn lock(cwd: &Path, store: &str, skill: &str) -> Lock {
 #[track_caller]
 fn ms_of(time: &str) -> i64 {
     Timestamp::parse(time).unwrap().0 * 1000
-}
-
-/// `etcdctl` against `ep`, its standard output as JSON.
-fn etcdctl(ep: &str, args: &[&str]) -> Value {
-    let out = Command::new("etcdctl")
-        .args(["--endpoints", ep, "-w", "json"])
-        .args(args)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("etcdctl runs");
-    assert!(out.status.success(), "etcdctl {args:?} failed");
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The TTL the cluster granted to the lease of key `key`.
-fn granted_ttl(ep: &str, key: &str) -> u64 {
-    let got = etcdctl(ep, &["get", key]);
-    let lease = got.pointer("/kvs/0/lease").and_then(Value::as_i64).unwrap();
-    let ttl = etcdctl(ep, &["lease", "timetolive", &format!("{lease:x}")]);
-    ttl.pointer("/granted-ttl").and_then(Value::as_u64).unwrap()
 }
 
 /// Sleeps until `at_ms` past a whole second of the wall clock.
@@ -125,12 +105,12 @@ fn renew_reports_the_ttl_the_cluster_granted() {
     let lock = lock(&cwd, &store, "granted");
     let a = lock.op("acquire").ttl(30).reply().is("acquired");
     let (token, key) = (a.token(), a.lock());
-    assert_eq!(a.ttl(), granted_ttl(&ep, key), "{a:?}");
+    assert_eq!(a.ttl(), etcdctl::granted_ttl(&ep, key), "{a:?}");
     // Below the cluster's minimum lease (2 s by default): it grants more,
     // and renew says what it granted, as acquire does.
     let before = common::wall_ms();
     let r = lock.op("renew").ttl(1).token(token).reply().is("renewed");
-    let granted = granted_ttl(&ep, key);
+    let granted = etcdctl::granted_ttl(&ep, key);
     assert_eq!(r.ttl(), granted, "{r:?}");
     let expires = ms_of(r.expires());
     let granted_ms = i64::try_from(granted).unwrap() * 1000;
@@ -146,51 +126,20 @@ fn renew_reports_the_ttl_the_cluster_granted() {
 /// transaction with a record has reached the member, and from then on
 /// forwards nothing, in either direction, on any connection, old or new:
 /// the member froze right after it received the transaction.
-fn freezing_proxy(target: String) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let frozen = Arc::new(AtomicBool::new(false));
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for client in l.incoming().flatten() {
-            if frozen.load(Ordering::SeqCst) {
-                held.push(client);
-                continue;
-            }
-            let Ok(server) = TcpStream::connect(&target) else {
-                continue;
-            };
-            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            let up = frozen.clone();
-            std::thread::spawn(move || {
-                let (mut from, mut to) = (c2, s2);
-                let mut watch = FrameWatch::new(300);
-                let mut b = [0u8; 16384];
-                while let Ok(n) = from.read(&mut b) {
-                    if n == 0 || up.load(Ordering::SeqCst) || to.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                    if watch.feed(&b[..n]) {
-                        up.store(true, Ordering::SeqCst);
-                    }
+fn freezing_proxy(target: &str) -> Proxy {
+    Proxy::tapped(
+        target,
+        Box::new(|| {
+            let mut watch = FrameWatch::new(300);
+            Box::new(move |bytes: &[u8]| {
+                if watch.feed(bytes) {
+                    Then::Fault(Fault::Hang)
+                } else {
+                    Then::Go
                 }
-                // Frozen: keep the connection open, forward nothing.
-                std::thread::sleep(Duration::from_secs(60));
-            });
-            let down = frozen.clone();
-            std::thread::spawn(move || {
-                let (mut from, mut to) = (server, client);
-                let mut b = [0u8; 16384];
-                while let Ok(n) = from.read(&mut b) {
-                    if n == 0 || down.load(Ordering::SeqCst) || to.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-                std::thread::sleep(Duration::from_secs(60));
-            });
-        }
-    });
-    addr
+            })
+        }),
+    )
 }
 
 #[test]
@@ -205,7 +154,8 @@ fn an_acquire_lost_to_a_frozen_member_answers_in_time_and_leaves_no_ghost() {
     let direct = format!("etcd://{ep}{pfx}");
     for round in 0..3 {
         let skill = format!("ghost-{round}");
-        let through = format!("etcd://{}{pfx}", freezing_proxy(ep.clone()));
+        let proxy = freezing_proxy(&ep);
+        let through = format!("etcd://{}{pfx}", proxy.addr());
         let began = Instant::now();
         let o = lock(&cwd, &through, &skill)
             .op("acquire")
@@ -258,17 +208,16 @@ fn a_history_larger_than_one_message_is_read_in_pages() {
     // 5,000 events of the longest note (about 6 MB, past tonic's 4 MiB
     // message limit), written straight into the store in batches through
     // etcd's JSON gateway; each a copy of the real one, numbered.
-    let real = etcdctl(&ep, &["get", "--prefix", &format!("{pfx}history/")]);
+    let real = etcdctl::first_value(&ep, &format!("{pfx}history/"));
+    let template: Value = serde_json::from_slice(&real).unwrap();
     let b64 = base64::engine::general_purpose::STANDARD;
-    let value = real.pointer("/kvs/0/value").and_then(Value::as_str);
-    let template: Value = serde_json::from_slice(&b64.decode(value.unwrap()).unwrap()).unwrap();
     let total: usize = 5000;
     for batch in 0..total / 100 {
         let ops: Vec<Value> = (0..100)
             .map(|i| {
                 let n = batch * 100 + i;
                 let mut ev = template.clone();
-                *ev.pointer_mut("/pid").unwrap() = Value::from(n);
+                set_field(&mut ev, "pid", n);
                 let key = format!(
                     "{pfx}history/{:020}-{n:016x}",
                     1_000_000_000_000_000_000u64 + n as u64

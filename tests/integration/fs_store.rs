@@ -11,6 +11,7 @@
 
 use crate::common;
 
+use common::chaos::Seed;
 use common::verbs::{Lock, Reply};
 use common::{BIN, TestEnv};
 use std::os::unix::process::CommandExt;
@@ -79,37 +80,11 @@ fn a_layout_removed_by_hand_heals_and_release_that_says_released_has_released() 
     }
 }
 
-/// xorshift64*, seeded from the clock and printed so a failure can be replayed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("FS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            u64::from(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .subsec_nanos(),
-            ) | 1
-        })
-}
-
 #[test]
 fn sigkill_while_the_layer_is_first_created_never_leaves_it_stuck() {
     let env = TestEnv::new();
-    let seed = seed();
-    eprintln!("FS_SEED={seed}");
-    let mut rng = Rng(seed);
+    let seed = Seed::from_env("layer creation kills", "FS_SEED");
+    let mut rng = seed.rng(0);
     let mut killed = 0;
     for i in 0..120 {
         let repo = bare_checkout(&env, &format!("k{i}"));
@@ -121,7 +96,7 @@ fn sigkill_while_the_layer_is_first_created_never_leaves_it_stuck() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_micros(rng.next() % 4000));
+        std::thread::sleep(Duration::from_micros(rng.below(4000)));
         if child.kill().is_ok() {
             killed += 1;
         }

@@ -12,7 +12,8 @@ use common::gitd::bare_repo;
 use common::run_verbs::{GitState, json_bytes};
 use common::verbs::{Lock, Reply, reply};
 use common::{Cmd, Out, TestEnv};
-use std::io::{Read, Write};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,8 +21,8 @@ use std::time::{Duration, Instant};
 
 /// Peak resident set size allowed to one `status`, `list` or `acquire`
 /// (and to each git it starts): 150 MB, well under the 200 MB record, which
-/// a process that read it whole would hold (measured: 12-49 MB alone,
-/// up to 103 MB with the whole suite running beside it).
+/// a process that read it whole would hold (measured: about 12 MB, the
+/// measuring process's own few MB included, alone or beside the whole suite).
 const PEAK_KIB: i64 = 150 * 1024;
 
 /// `git ARGS` in `dir`, fed `input`; its stdout.
@@ -47,31 +48,85 @@ fn git_in(dir: &Path, args: &[&str], input: Option<&[u8]>) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// Runs `cmd` to its end and measures it as `time -v` does: the largest
-/// resident set of the process and of every descendant it waited for (each
-/// git it started, and theirs), in KiB (`wait4`'s `ru_maxrss`).
+/// The variable that makes [`measure`] the measuring process of one command.
+const MEASURE: &str = "SKILL_LOCK_TEST_MEASURE";
+
+/// One command [`measure`] runs, and the directory it reports in
+/// (`stdout`, `stderr`, and `usage`: the wait status and the peak in KiB).
+#[derive(Serialize, Deserialize)]
+struct Measured {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: PathBuf,
+    dir: PathBuf,
+}
+
+/// Runs `cmd` (a [`Cmd`]: its environment cleared, then set) to its end and
+/// measures it as `time -v` does: the largest resident set of the process
+/// and of every descendant it waited for (each git it started, and theirs),
+/// in KiB (`wait4`'s `ru_maxrss`). It is started by a fresh process of this
+/// test binary ([`measure`]), never by the test process itself: Linux folds
+/// the memory a process had before its exec into its `ru_maxrss`, and a
+/// child of the test process had the test process's own peak, which under
+/// load is that of every test running beside it.
+fn run_measured(env: &TestEnv, cmd: Cmd) -> (Out, i64) {
+    let cmd = cmd.command();
+    let dir = tempfile::tempdir_in(&env.root).unwrap();
+    let text = |s: &std::ffi::OsStr| s.to_str().unwrap().to_owned();
+    let spec = Measured {
+        program: cmd.get_program().into(),
+        args: cmd.get_args().map(text).collect(),
+        env: cmd
+            .get_envs()
+            .filter_map(|(k, v)| Some((text(k), text(v?))))
+            .collect(),
+        cwd: cmd.get_current_dir().unwrap().to_owned(),
+        dir: dir.path().to_owned(),
+    };
+    let test = concat!(module_path!(), "::measure");
+    let test = test.split_once("::").map_or(test, |(_, t)| t);
+    let helper = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--ignored", "--test-threads=1", "-q"])
+        .env(MEASURE, serde_json::to_string(&spec).unwrap())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap_or_default();
+    let usage = String::from_utf8(read("usage")).unwrap();
+    let Some((status, peak)) = usage.split_once(' ') else {
+        panic!("the measuring process failed: {helper:?}");
+    };
+    let out = std::process::Output {
+        status: std::process::ExitStatus::from_raw(status.parse().unwrap()),
+        stdout: read("stdout"),
+        stderr: read("stderr"),
+    };
+    (Out::from(out), peak.trim().parse().unwrap())
+}
+
+/// The measuring process of [`run_measured`] (a no-op unless it set
+/// [`MEASURE`]): starts the command, reaps it with `wait4`, and writes its
+/// wait status and `ru_maxrss` down.
+#[test]
+#[ignore = "the measuring process of run_measured, which starts it"]
 // The child is reaped by wait4, which the lint does not know.
 #[allow(clippy::zombie_processes)]
-fn run_measured(cmd: Cmd) -> (Out, i64) {
-    let mut child = cmd
-        .command()
+fn measure() {
+    let Ok(spec) = std::env::var(MEASURE) else {
+        return;
+    };
+    let m: Measured = serde_json::from_str(&spec).unwrap();
+    let file = |name: &str| std::fs::File::create(m.dir.join(name)).unwrap();
+    let child = Command::new(&m.program)
+        .args(&m.args)
+        .env_clear()
+        .envs(m.env)
+        .current_dir(&m.cwd)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(file("stdout"))
+        .stderr(file("stderr"))
         .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let errs = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        err.read_to_end(&mut v).unwrap();
-        v
-    });
-    let mut stdout = Vec::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut stdout)
         .unwrap();
     let mut status = 0;
     // SAFETY: a zeroed rusage is a valid out-parameter; the pid is our child's.
@@ -80,12 +135,7 @@ fn run_measured(cmd: Cmd) -> (Out, i64) {
     // SAFETY: waits for our own child, writing into locals.
     let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
-    let out = std::process::Output {
-        status: std::process::ExitStatus::from_raw(status),
-        stdout,
-        stderr: errs.join().unwrap(),
-    };
-    (Out::from(out), usage.ru_maxrss)
+    std::fs::write(m.dir.join("usage"), format!("{status} {}", usage.ru_maxrss)).unwrap();
 }
 
 /// A bare remote whose lock ref `s@o__r` points at a commit holding a
@@ -169,7 +219,7 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
                 lock.cmd(verb, &[])
             };
             let start = Instant::now();
-            let (out, peak) = run_measured(cmd);
+            let (out, peak) = run_measured(&env, cmd);
             let took = start.elapsed();
             let what = format!("{verb} (warm cache: {warm}): {}", out.stdout);
             println!("{verb} (warm cache: {warm}): peak RSS {peak} KiB in {took:?}");

@@ -8,63 +8,15 @@
 
 use crate::common;
 
-use common::gitd::{Daemon, bare_repo};
+use common::gitd::bare_repo;
+use common::run_verbs::GitState;
+use common::stores::Store;
 use common::verbs::{Lock, Reply};
 use common::{TestEnv, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// One remote for a test: a URL and the cache the binary uses.
-pub(crate) struct Remote {
-    url: String,
-    cache: PathBuf,
-    _daemon: Option<Daemon>,
-}
-
-impl Remote {
-    pub(crate) fn file(env: &TestEnv) -> Self {
-        let repo = bare_repo(&env.path("remote.git"));
-        Self {
-            url: format!("git:file://{}", repo.display()),
-            cache: env.path("cache"),
-            _daemon: None,
-        }
-    }
-
-    fn daemon(env: &TestEnv) -> Self {
-        let served = env.dir("served");
-        bare_repo(&served.join("locks.git"));
-        let d = Daemon::start(&served, 24400);
-        Self {
-            url: format!("git:{}", d.url("locks.git")),
-            cache: env.path("cache"),
-            _daemon: Some(d),
-        }
-    }
-
-    /// The lock `skill` of `repo` in this remote, seen from `cwd`.
-    pub(crate) fn lock(&self, cwd: &Path, skill: &str, repo: &str) -> Lock {
-        Lock::new(cwd, skill, repo)
-            .with_env("SKILL_LOCK_STORE", &self.url)
-            .with_env("SKILL_LOCK_GIT_CACHE", &self.cache)
-    }
-
-    /// The lock `skill` of `repo` as machine `machine` (a cache of its own)
-    /// sees it.
-    fn lock_as(&self, machine: usize, cwd: &Path, skill: &str, repo: &str) -> Lock {
-        self.lock(cwd, skill, repo).with_env(
-            "SKILL_LOCK_GIT_CACHE",
-            self.cache.with_extension(machine.to_string()),
-        )
-    }
-
-    /// The lock `s` of `o/r` as machine `machine` sees it.
-    fn lock_on(&self, cwd: &Path, machine: usize) -> Lock {
-        self.lock_as(machine, cwd, "s", "o/r")
-    }
-}
 
 fn git_out(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
@@ -78,7 +30,7 @@ fn git_out(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn race(remote: &Remote, cwd: &Path, n: usize) -> Vec<common::Out> {
+fn race(remote: &Store, cwd: &Path, n: usize) -> Vec<common::Out> {
     // Four "machines", four processes each: fetches and cache creation race too.
     let kids: Vec<_> = (0..n)
         .map(|i| {
@@ -99,7 +51,7 @@ fn race(remote: &Remote, cwd: &Path, n: usize) -> Vec<common::Out> {
 }
 
 /// The lock `race` of `o/r` as machine `machine` sees it.
-fn race_lock(remote: &Remote, cwd: &Path, machine: usize) -> Lock {
+fn race_lock(remote: &Store, cwd: &Path, machine: usize) -> Lock {
     remote.lock_as(machine, cwd, "race", "o/r")
 }
 
@@ -121,7 +73,9 @@ fn one_winner(outs: &[common::Out], what: &str) -> Reply {
 
 #[test]
 fn sixteen_racers_on_a_free_and_on_a_stale_lock_one_winner_each() {
-    for make in [Remote::daemon, Remote::file] {
+    let daemon = |env: &TestEnv| Store::git(env, Some((24400, &[])));
+    let file = |env: &TestEnv| Store::git(env, None);
+    for make in [daemon, file] {
         let env = TestEnv::new();
         let cwd = env.dir("w");
         let remote = make(&env);
@@ -142,7 +96,7 @@ fn sixteen_racers_on_a_free_and_on_a_stale_lock_one_winner_each() {
 fn witnessed_loop_never_overlaps_and_fences_strictly_increase() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Arc::new(Remote::daemon(&env));
+    let remote = Arc::new(Store::git(&env, Some((24400, &[]))));
     let witness = env.path("witness");
     std::fs::write(&witness, "").unwrap();
     let fences = Arc::new(Mutex::new(Vec::new()));
@@ -306,9 +260,9 @@ pub(crate) fn foreign_state_of(expires_ago: i64, host: &str, owner_pid: u32) -> 
 fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
-    let dir = env.path("remote.git");
-    plant(&dir, "s@o__r", &foreign_state(5));
+    let remote = Store::git(&env, None);
+    let dir = remote.remote_dir();
+    plant(dir, "s@o__r", &foreign_state(5));
     // Expired 5 s ago by this clock, inside the 30 s allowance: still held.
     let lock = remote.lock(&cwd, "s", "o/r");
     let held = lock.acquire().is("already_running");
@@ -331,7 +285,7 @@ fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance
     );
     assert_eq!(took.fence(), Some(42));
     // Past the default allowance, the default takes over too.
-    plant(&dir, "s@o__r", &foreign_state(31));
+    plant(dir, "s@o__r", &foreign_state(31));
     let took = lock.acquire().is("acquired");
     assert_eq!(took.took_over().unwrap().reason, "expired");
 }
@@ -340,9 +294,9 @@ fn another_hosts_expired_lease_is_taken_over_only_after_the_clock_skew_allowance
 fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
-    let dir = env.path("remote.git");
-    plant(&dir, "s@o__r", &foreign_state(100));
+    let remote = Store::git(&env, None);
+    let dir = remote.remote_dir();
+    plant(dir, "s@o__r", &foreign_state(100));
     let lock = remote.lock(&cwd, "s", "o/r");
     assert_eq!(lock.acquire().is("acquired").fence(), Some(42));
     // An admin pushes junk on top of it (a commit whose lock.json is not a state).
@@ -353,7 +307,7 @@ fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
     );
     let tree = git_out(&tmp, &["hash-object", "-t", "tree", "-w", "/dev/null"]);
     let tree = tree.trim();
-    let tip = git_out(&dir, &["rev-parse", "refs/skill-lock/s@o__r"]);
+    let tip = git_out(dir, &["rev-parse", "refs/skill-lock/s@o__r"]);
     let junk = git_out(
         &tmp,
         &[
@@ -393,10 +347,10 @@ fn a_corrupt_state_is_taken_over_with_a_fence_above_its_history() {
 fn a_push_whose_answer_never_comes_but_that_landed_reports_acquired() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
+    let remote = Store::git(&env, None);
     // The ref is updated before post-receive runs; the client waits for the
     // hook, so its push times out with the lock already taken.
-    let hook = env.path("remote.git/hooks/post-receive");
+    let hook = remote.remote_dir().join("hooks/post-receive");
     std::fs::write(&hook, "#!/bin/sh\nsleep 20\n").unwrap();
     Command::new("chmod")
         .arg("755")
@@ -495,8 +449,11 @@ fn a_bad_store_url_is_a_usage_error() {
 fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::daemon(&env);
-    let (one, two) = (remote.lock_on(&cwd, 1), remote.lock_on(&cwd, 2));
+    let remote = Store::git(&env, Some((24400, &[])));
+    let (one, two) = (
+        remote.lock_as(1, &cwd, "s", "o/r"),
+        remote.lock_as(2, &cwd, "s", "o/r"),
+    );
     let mine = one.acquire().is("acquired");
     let t = mine.token();
     // Another machine forces it away and takes it.
@@ -518,8 +475,8 @@ fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() 
 fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
-    let dir = env.path("remote.git");
+    let remote = Store::git(&env, None);
+    let dir = remote.remote_dir();
     let mut fences = Vec::new();
     // 13 acquire/release cycles, 26 commits, chains of 2: 12 roll-overs.
     let shallow = remote
@@ -535,7 +492,7 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
         "fences survive new roots"
     );
     let count = |r: &str| {
-        git_out(&dir, &["rev-list", "--count", r])
+        git_out(dir, &["rev-list", "--count", r])
             .trim()
             .parse::<usize>()
             .unwrap()
@@ -543,7 +500,7 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     // A fetch of the lock brings its short chain only.
     assert_eq!(count("refs/skill-lock/s@o__r"), 2);
     let archives = git_out(
-        &dir,
+        dir,
         &[
             "for-each-ref",
             "--format=%(refname)",
@@ -568,7 +525,10 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
         .collect();
     assert_eq!(seq, want);
     // A fresh cache (another machine) reads the same history.
-    let other = remote.lock_on(&cwd, 5).store_op("history").limit(3);
+    let other = remote
+        .lock_as(5, &cwd, "s", "o/r")
+        .store_op("history")
+        .limit(3);
     let other = other.expect(0, "history");
     let e = other.events();
     assert_eq!(e.len(), 3);
@@ -579,8 +539,8 @@ fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
 fn a_remote_that_refuses_lock_refs_says_so_at_once() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
-    let hook = env.path("remote.git/hooks/pre-receive");
+    let remote = Store::git(&env, None);
+    let hook = remote.remote_dir().join("hooks/pre-receive");
     std::fs::write(
         &hook,
         "#!/bin/sh\necho 'custom refs are not allowed here' >&2\nexit 1\n",
@@ -609,14 +569,14 @@ fn a_remote_that_refuses_lock_refs_says_so_at_once() {
 fn a_pid_recorded_by_another_machine_with_our_hostname_is_never_judged() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
+    let remote = Store::git(&env, None);
     // A dead pid of this machine, in a record from another boot that carries
     // this machine's hostname (two CI containers are both called "runner").
     let mut child = Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
     let state = foreign_state_of(-600, "runner", dead); // expires in 10 minutes
-    plant(&env.path("remote.git"), "s@o__r", &state);
+    plant(remote.remote_dir(), "s@o__r", &state);
     let here = remote.lock(&cwd, "s", "o/r").on_host("runner");
     let s = here.status();
     assert_eq!(s.state(), "held", "{s:?}");
@@ -624,38 +584,30 @@ fn a_pid_recorded_by_another_machine_with_our_hostname_is_never_judged() {
     // A renewal by another run keeps the recorded owner pid.
     here.op("renew").expect(0, "renewed");
     let tip = git_out(
-        &env.path("remote.git"),
+        remote.remote_dir(),
         &["show", "refs/skill-lock/s@o__r:lock.json"],
     );
-    let tip: Value = serde_json::from_str(&tip).unwrap();
-    assert_eq!(tip.pointer("/record/owner_pid"), Some(&dead.into()));
+    let tip: GitState = serde_json::from_str(&tip).unwrap();
+    assert_eq!(tip.record.owner_pid(), Some(u64::from(dead)));
 }
 
 #[test]
 fn a_server_that_drops_connections_when_busy_is_retried_within_the_deadline() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let served = env.dir("served");
-    bare_repo(&served.join("locks.git"));
     // Two connections at a time: the others are reset by the daemon.
-    let d = Daemon::start_with(&served, 24400, &["--max-connections=2"]);
-    let remote = Remote {
-        url: format!("git:{}", d.url("locks.git")),
-        cache: env.path("cache"),
-        _daemon: None,
-    };
+    let remote = Store::git(&env, Some((24400, &["--max-connections=2"])));
     let outs = race(&remote, &cwd, 16);
     one_winner(&outs, "16 racers, 2 connections");
-    drop(d);
 }
 
 #[test]
 fn a_server_without_atomic_pushes_still_rolls_over() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
+    let remote = Store::git(&env, None);
     git_out(
-        &env.path("remote.git"),
+        remote.remote_dir(),
         &["config", "receive.advertiseAtomic", "false"],
     );
     let shallow = remote
@@ -666,7 +618,7 @@ fn a_server_without_atomic_pushes_still_rolls_over() {
         shallow.op("release").expect(0, "released");
     }
     let archives = git_out(
-        &env.path("remote.git"),
+        remote.remote_dir(),
         &[
             "for-each-ref",
             "--format=%(refname)",

@@ -10,6 +10,8 @@ use std::process::{Command, Stdio};
 pub use serde_json::Value;
 
 pub mod chaos;
+/// What `etcdctl` says about a cluster, asked by name.
+pub mod etcdctl;
 pub mod gitd;
 pub mod http2;
 /// Every store a conformance test runs on, and the macro that runs it there.
@@ -268,64 +270,6 @@ pub fn tree(dir: &Path) -> Vec<String> {
     out
 }
 
-/// xorshift64*: no `rand` crate, and a seed that can be replayed.
-#[derive(Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator replaying `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// A generator seeded from the clock, the pid and a salt.
-    pub fn seeded(salt: u64) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Self::new(nanos ^ (u64::from(std::process::id()) << 32) ^ salt)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
-/// The `fence` of a result, if it has one.
-pub fn fence_of(v: &Value) -> Option<u64> {
-    v["fence"].as_u64()
-}
-
-/// The `holder.fence` of a result, if it has one.
-pub fn holder_fence(v: &Value) -> Option<u64> {
-    v["holder"]["fence"].as_u64()
-}
-
-/// The `fence` of a result that must have one.
-#[track_caller]
-pub fn must_fence(v: &Value) -> u64 {
-    fence_of(v).unwrap_or_else(|| panic!("no fence in {v}"))
-}
-
-/// The `holder.fence` of a result that must have one.
-#[track_caller]
-pub fn must_holder_fence(v: &Value) -> u64 {
-    holder_fence(v).unwrap_or_else(|| panic!("no holder.fence in {v}"))
-}
-
 /// Is an etcd run required (`SKILL_LOCK_TEST_ETCD_REQUIRED`, set by CI)?
 /// Then a test that would skip for want of etcd fails instead.
 pub fn etcd_required() -> bool {
@@ -381,59 +325,6 @@ pub fn have_programs(test: &str, programs: &[(&str, &str)]) -> bool {
         "SKIPPED: {test} (not installed: {missing:?}; apt-get install etcd-server etcd-client openssl)"
     );
     false
-}
-
-/// Member `i` of an etcd cluster on loopback whose members listen for
-/// clients on `clients[k]` (a URL, `http://` or `https://`) and for peers on
-/// `127.0.0.1:peers[k]`, named `n0`, `n1`, ... with data under `dir`. The
-/// caller adds what else it needs (TLS files) and spawns it.
-pub fn etcd_member(
-    dir: &Path,
-    i: usize,
-    clients: &[String],
-    peers: &[u16],
-    tuning: EtcdTuning,
-) -> Command {
-    let initial = peers
-        .iter()
-        .enumerate()
-        .map(|(k, p)| format!("n{k}=http://127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let peer = format!("http://127.0.0.1:{}", peers[i]);
-    let mut cmd = Command::new("etcd");
-    cmd.args(["--name", &format!("n{i}")])
-        .arg("--data-dir")
-        .arg(dir.join(format!("n{i}")))
-        .args(["--listen-client-urls", &clients[i]])
-        .args(["--advertise-client-urls", &clients[i]])
-        .args(["--listen-peer-urls", &peer])
-        .args(["--initial-advertise-peer-urls", &peer])
-        .args(["--initial-cluster", &initial])
-        .args(["--initial-cluster-state", "new"])
-        .args(["--initial-cluster-token", &format!("t{}", peers[0])])
-        .args(["--heartbeat-interval", &tuning.heartbeat_ms.to_string()])
-        .args(["--election-timeout", &tuning.election_ms.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    cmd
-}
-
-/// How fast an etcd test cluster notices a lost leader.
-#[derive(Clone, Copy)]
-pub struct EtcdTuning {
-    /// `--heartbeat-interval`, milliseconds.
-    pub heartbeat_ms: u32,
-    /// `--election-timeout`, milliseconds.
-    pub election_ms: u32,
-}
-
-/// `http://127.0.0.1:PORT` for each port.
-pub fn loopback_urls(ports: &[u16]) -> Vec<String> {
-    ports
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect()
 }
 
 /// A fresh etcd key prefix under `/tag/` per call, so tests never see each

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::harness::run_verbs::set_field;
 use crate::harness::verbs::{Lock, Reply, reply, run_reply};
 use crate::harness::{Cmd, Out, TestEnv, Value};
 
@@ -524,24 +525,17 @@ fn real_state(w: &World, rel: &str) -> (Value, Value) {
     let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
     let mut record: Value =
         serde_json::from_str(&read(run.join(format!("locks/{NAME}.lock/owner.json")))).unwrap();
-    set(&mut record, "deadline_boot_ms", Value::Null);
+    set_field(&mut record, "deadline_boot_ms", Value::Null);
     let history = read(run.join("history.jsonl"));
     let event: Value = serde_json::from_str(history.lines().next().unwrap()).unwrap();
     (record, event)
-}
-
-/// `v` with `field` set to `to`.
-fn set(v: &mut Value, field: &str, to: impl Into<Value>) {
-    v.as_object_mut()
-        .unwrap()
-        .insert(field.to_owned(), to.into());
 }
 
 /// `v` with its fields set, as one line of text.
 fn with(v: &Value, fields: &[(&str, Value)]) -> String {
     let mut v = v.clone();
     for (f, to) in fields {
-        set(&mut v, f, to.clone());
+        set_field(&mut v, f, to.clone());
     }
     format!("{v}\n")
 }

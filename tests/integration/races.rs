@@ -20,9 +20,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::chaos::Seed;
 use common::run_verbs::wrapped;
 use common::verbs::{Holder, Lock, Reply};
-use common::{Cmd, Out, Rng, TestEnv};
+use common::{Cmd, Out, TestEnv};
 
 const SKILL: &str = "race";
 const REPO: &str = "o/r";
@@ -315,12 +316,13 @@ fn witness_never_sees_two_holders() {
     File::create(&witness).unwrap();
     let acquired = AtomicUsize::new(0);
 
+    let seed = Seed::from_env("racing workers", "RACES_SEED");
     std::thread::scope(|s| {
         for id in 0..WORKERS {
             let (repo, witness, acquired) = (&repo, &witness, &acquired);
+            let mut rng = seed.rng(id as u64);
             s.spawn(move || {
                 let lock = lock(repo);
-                let mut rng = Rng::seeded(id as u64 + 1);
                 let mut log = OpenOptions::new().append(true).open(witness).unwrap();
                 let mut attempts = 0;
                 for _ in 0..ITERATIONS {
@@ -414,7 +416,8 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
     let run_dir = repo.join(".git/apache-magpie/run");
-    let mut rng = Rng::seeded(0xC0FFEE);
+    let seed = Seed::from_env("acquire kills", "RACES_SEED");
+    let mut rng = seed.rng(0);
     let mut max_fence = 0;
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut lease_checked = false;
@@ -529,7 +532,8 @@ fn takeover_never_tombstones_a_fresh_lock() {
     let mut gate = Gate::new(&env, "gate");
     let mut last_fence = 0;
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
-    let mut rng = Rng::seeded(0xABA);
+    let seed = Seed::from_env("ABA rounds", "RACES_SEED");
+    let mut rng = seed.rng(0);
 
     for round in 0..ROUNDS {
         let old = lock.op("acquire").ttl(1).reply().is("acquired");
@@ -548,9 +552,7 @@ fn takeover_never_tombstones_a_fresh_lock() {
             })
             .collect();
         // A fresh order each round, so no kind of racer always goes first.
-        for i in (1..verbs.len()).rev() {
-            verbs.swap(i, usize::try_from(rng.below(i as u64 + 1)).unwrap());
-        }
+        rng.shuffle(&mut verbs);
         let cmds = verbs
             .iter()
             .map(|&verb| match verb {

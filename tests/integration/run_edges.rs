@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{reply_line, run_command};
+use common::run_verbs::{kill_leftover, names, reply_line, run_command};
 use common::verbs::{Lock, Reply};
 use common::{TestEnv, gone};
 
@@ -40,7 +40,7 @@ impl World {
         let env = TestEnv::new();
         let repo = env.git_repo("r");
         let lock = if git {
-            crate::git_store::Remote::file(&env).lock(&repo, SKILL, REPO)
+            common::stores::Store::git(&env, None).lock(&repo, SKILL, REPO)
         } else {
             Lock::new(&repo, SKILL, REPO)
         };
@@ -106,24 +106,10 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        for file in &self.pids {
-            if let Some(pid) = read_pid(file)
-                && pid > 1
-                && !gone(pid)
-                && ours(pid, &self.env.root)
-            {
-                // SAFETY: kill(2) of a process this test's CMD started.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+        for pid in self.pids.iter().filter_map(|f| read_pid(f)) {
+            kill_leftover(pid, names(pid, &self.env.root));
         }
     }
-}
-
-/// Is `pid` a process of this test (its command line names the test's
-/// directory)? Pids are reused: never kill another test's process.
-fn ours(pid: i32, root: &Path) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(root.to_str().unwrap_or("-")))
 }
 
 fn read_pid(path: &Path) -> Option<i32> {

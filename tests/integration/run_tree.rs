@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::run_command;
+use common::run_verbs::{FenceLog, kill_leftover, names, run_command};
 use common::verbs::Lock;
 use common::{BIN, TestEnv, gone};
 
@@ -132,20 +132,10 @@ impl World {
             "the next holder never got the lock: {got:?}"
         );
         let fence = got.must_fence();
-        for _ in 0..2 {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .open(&self.witness)
-                .unwrap();
-            writeln!(f, "{fence}").unwrap();
-            thread::sleep(Duration::from_millis(300));
-        }
+        let log = FenceLog(&self.witness);
+        log.write_as(fence);
         thread::sleep(Duration::from_millis(400));
-        let text = std::fs::read_to_string(&self.witness).unwrap();
-        let fences: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
-        let first = fences.iter().position(|f| *f == fence).unwrap();
-        let late = fences[first..].iter().filter(|f| **f < fence).count();
+        let late = log.late_after(fence).len();
         (fence, late)
     }
 
@@ -178,12 +168,7 @@ impl Drop for World {
         // A failing test must not leave its writers behind (checked to be
         // still theirs: the writer script is in their command line).
         for pid in self.writer_pids() {
-            let ours = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.contains(self.writer.to_str().unwrap_or("-")));
-            if ours && !gone(pid) {
-                // SAFETY: kill(2) of a writer this test started, checked above.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+            kill_leftover(pid, names(pid, &self.writer));
         }
     }
 }

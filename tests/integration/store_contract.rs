@@ -6,9 +6,10 @@
 //! Covers: SPEC §2.7, §8.
 
 use crate::common::run_verbs::{GitState, typed};
+use crate::common::stores::Store;
 use crate::common::verbs::{Reply, run_reply};
 use crate::common::{BIN, Out, TestEnv};
-use crate::git_store::{Remote, foreign_state, plant};
+use crate::git_store::{foreign_state, plant};
 use std::process::Command;
 
 /// Seconds since the epoch of an RFC 3339 UTC timestamp the tool printed.
@@ -24,12 +25,12 @@ fn secs(t: &str) -> i64 {
 fn a_git_holder_is_shown_as_stored_and_every_answer_judges_it_with_the_allowance() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
-    let remote = Remote::file(&env);
+    let remote = Store::git(&env, None);
     let lock = || remote.lock(&cwd, "s", "o/r");
     // Another machine's lock, expired 5 s ago by this clock: inside the
     // 30 s allowance, so still held.
     let planted = foreign_state(5);
-    plant(&env.path("remote.git"), "s@o__r", &planted);
+    plant(remote.remote_dir(), "s@o__r", &planted);
     let stored = typed::<GitState>(&planted).record;
     let held = lock().acquire();
     let Reply::AlreadyRunning {

@@ -134,7 +134,7 @@ impl World {
 
     /// `list`, never killed.
     fn list(&self) -> Ran {
-        self.invoke(self.lock(0).store_cmd(&["list"]), None)
+        self.invoke(self.lock(0).store_op("list").cmd(), None)
     }
 
     fn invoke(&self, cmd: Cmd, kill_after_us: Option<u64>) -> Ran {

@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{finish, finish_output, run_command, until};
+use common::run_verbs::{FenceLog, KillOnDrop, finish, finish_output, run_command, until};
 use common::verbs::{Call, Holder, Lock, Reply, run_reply};
 use common::{BIN, Cmd, TestEnv, gone};
 
@@ -477,37 +477,6 @@ fn sigkill_of_run_stops_its_group_and_the_keeper_releases_only_then() {
     assert_eq!(v.took_over(), None, "{v:?}");
 }
 
-/// SIGKILLs `pid` (a process a failing test would leave behind) when
-/// dropped, if it is still that process: pids are reused (this VM's
-/// `pid_max` is 32768), and a stale kill could hit another test's process.
-struct KillOnDrop(i32, Option<u64>);
-
-impl KillOnDrop {
-    fn new(pid: i32) -> Self {
-        Self(pid, start_time(pid))
-    }
-}
-
-/// Field 22 of `/proc/<pid>/stat` (Linux): when the process started.
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let same = match self.1 {
-            Some(t) => start_time(self.0) == Some(t),
-            None => thread::panicking(),
-        };
-        if self.0 > 1 && same && !gone(self.0) {
-            // SAFETY: kill(2) on a process this test made, checked above.
-            unsafe { libc::kill(self.0, libc::SIGKILL) };
-        }
-    }
-}
-
 /// `run --ttl TTL` of a [`writer_script`] CMD, with its witness and pid files.
 struct WriterRun {
     ttl: u64,
@@ -558,39 +527,6 @@ fn writer_script(tail: &str) -> &'static str {
     }
 }
 
-/// Fails when a line of an older fence follows the first line of `fence`.
-#[track_caller]
-fn assert_no_older_write_after(witness: &Path, fence: u64) {
-    let text = std::fs::read_to_string(witness).unwrap();
-    let fences: Vec<u64> = text.lines().map(|l| l.trim().parse().unwrap()).collect();
-    let first = fences
-        .iter()
-        .position(|f| *f == fence)
-        .expect("the new holder wrote");
-    let late: Vec<u64> = fences[first..]
-        .iter()
-        .copied()
-        .filter(|f| *f < fence)
-        .collect();
-    assert!(
-        late.is_empty(),
-        "{} writes of fences {late:?} after fence {fence} took the lock: two writers overlapped",
-        late.len()
-    );
-}
-
-/// The new holder (fence `fence`) writes twice, 300 ms apart, as the old one would.
-fn write_as(witness: &Path, fence: u64) {
-    for _ in 0..2 {
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(witness)
-            .unwrap();
-        writeln!(f, "{fence}").unwrap();
-        thread::sleep(Duration::from_millis(300));
-    }
-}
-
 #[test]
 fn sigkill_of_run_leaves_no_background_writer_beside_the_next_holder() {
     let (env, lock) = world();
@@ -608,9 +544,10 @@ fn sigkill_of_run_leaves_no_background_writer_beside_the_next_holder() {
         .reply()
         .is("acquired")
         .must_fence();
-    write_as(&w.witness, fence);
+    let log = FenceLog(&w.witness);
+    log.write_as(fence);
     assert!(gone(writer), "CMD's background writer outlived the lock");
-    assert_no_older_write_after(&w.witness, fence);
+    log.assert_no_older_write_after(fence);
 }
 
 #[test]
@@ -654,8 +591,9 @@ fn a_live_keeper_holds_the_lock_past_its_expiry_until_its_tree_ends() {
         .reply()
         .is("acquired")
         .must_fence();
-    write_as(&w.witness, fence);
-    assert_no_older_write_after(&w.witness, fence);
+    let log = FenceLog(&w.witness);
+    log.write_as(fence);
+    log.assert_no_older_write_after(fence);
 }
 
 #[test]
@@ -677,8 +615,9 @@ fn cmd_leaving_a_background_job_has_it_stopped_before_the_release() {
         .is("acquired")
         .must_fence();
     if std::fs::metadata(&w.witness).is_ok() {
-        write_as(&w.witness, fence);
-        assert_no_older_write_after(&w.witness, fence);
+        let log = FenceLog(&w.witness);
+        log.write_as(fence);
+        log.assert_no_older_write_after(fence);
     }
 }
 
@@ -1020,6 +959,7 @@ fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
         .reply()
         .is("acquired")
         .must_fence();
-    write_as(&witness, fence);
-    assert_no_older_write_after(&witness, fence);
+    let log = FenceLog(&witness);
+    log.write_as(fence);
+    log.assert_no_older_write_after(fence);
 }

@@ -24,7 +24,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Rng, TestEnv};
+use common::TestEnv;
+use common::chaos::Seed;
 
 const LAUNCHER: &str = "uvx --from ~/.claude/magpie/skill-lock skill-lock";
 
@@ -456,7 +457,8 @@ fn campaign(store: &Store, runs: u32) {
     let repo = env.git_repo("repo");
     let (block, run_form) = write_scripts(&env);
     let forge = Forge::start(Duration::from_millis(400));
-    let mut rng = Rng::seeded(u64::from(runs) ^ store.ttl);
+    let seed = Seed::from_env("write-block campaign", "WRITE_BLOCK_SEED");
+    let mut rng = seed.rng(u64::from(runs) ^ store.ttl);
     // When each run starts, what happens to it, and how it is started.
     let plan: Vec<(Duration, Fault, RunSpec)> = (1..=runs)
         .map(|id| {

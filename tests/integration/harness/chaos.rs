@@ -672,8 +672,21 @@ pub enum Fault {
     Slow(u64),
 }
 
-/// What sees every byte one connection's client sends.
-pub type Sink = Box<dyn FnMut(&[u8]) + Send>;
+/// What a [`Sink`] asks of the proxy once the bytes it saw are forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Nothing: carry on.
+    Go,
+    /// Do this fault to every connection from now on (a member that froze
+    /// right after it received a given request).
+    Fault(Fault),
+    /// Drop every answer on this connection from now on, passing the rest:
+    /// the request landed, its answer never comes.
+    Deafen,
+}
+
+/// What sees every byte one connection's client sends, once forwarded.
+pub type Sink = Box<dyn FnMut(&[u8]) -> Then + Send>;
 
 /// Makes a fresh [`Sink`] per connection.
 pub type Tap = Box<dyn Fn() -> Sink + Send + Sync>;
@@ -817,16 +830,24 @@ fn connect(client: TcpStream, up: SocketAddr, s: &Arc<Shared>) {
     let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
         return;
     };
-    let s_back = s.clone();
-    let back = std::thread::spawn(move || pump(s2, c2, &s_back, born, None));
+    let (s_back, deaf) = (s.clone(), Arc::new(AtomicBool::new(false)));
+    let deaf_back = deaf.clone();
+    let back = std::thread::spawn(move || pump(s2, c2, &s_back, born, Side::Back(&deaf_back)));
     let tap = s.tap.as_ref().map(|make| make());
-    pump(client, server, s, born, tap);
+    pump(client, server, s, born, Side::Forth(tap, &deaf));
     let _ = back.join();
+}
+
+/// Which way a [`pump`] copies: the client's bytes, shown to the tap, or
+/// the answers, dropped once the connection is deaf.
+enum Side<'a> {
+    Forth(Option<Sink>, &'a AtomicBool),
+    Back(&'a AtomicBool),
 }
 
 /// Copies `from` to `to` as the fault says, until either end closes, the
 /// connection is severed or cut, or the proxy stops.
-fn pump(mut from: TcpStream, mut to: TcpStream, s: &Shared, born: u64, mut tap: Option<Sink>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, s: &Shared, born: u64, mut side: Side<'_>) {
     let mut buf = vec![0u8; 16 * 1024];
     while !s.gone(born) {
         if s.fault() == Fault::Hang {
@@ -847,9 +868,6 @@ fn pump(mut from: TcpStream, mut to: TcpStream, s: &Shared, born: u64, mut tap: 
             }
             Err(_) => break,
         };
-        if let Some(t) = tap.as_mut() {
-            t(&buf[..n]);
-        }
         // Bytes read as a hang began are held, and delivered late.
         while s.fault() == Fault::Hang && !s.gone(born) {
             std::thread::sleep(Duration::from_millis(5));
@@ -857,8 +875,21 @@ fn pump(mut from: TcpStream, mut to: TcpStream, s: &Shared, born: u64, mut tap: 
         if let Fault::Slow(ms) = s.fault() {
             std::thread::sleep(Duration::from_millis(ms));
         }
-        if s.gone(born) || to.write_all(&buf[..n]).is_err() {
+        if s.gone(born) {
             break;
+        }
+        if matches!(side, Side::Back(deaf) if deaf.load(Ordering::SeqCst)) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if let Side::Forth(Some(tap), deaf) = &mut side {
+            match tap(&buf[..n]) {
+                Then::Go => {}
+                Then::Fault(fault) => *s.fault.lock().unwrap() = fault,
+                Then::Deafen => deaf.store(true, Ordering::SeqCst),
+            }
         }
     }
     let _ = from.shutdown(Shutdown::Both);

@@ -722,6 +722,12 @@ impl Lock {
         self.call("history", &[])
     }
 
+    /// `history` of the lock's whole store.
+    #[track_caller]
+    pub fn store_history(&self) -> Reply {
+        self.store_op("history").reply()
+    }
+
     /// The state `status` shows (`held`, `stale` or `free`).
     #[track_caller]
     pub fn state(&self) -> String {
