@@ -19,29 +19,393 @@
 //! - nothing is created, written, renamed or deleted except by name inside
 //!   a handle below P/run, so no link can lead a write outside it; a tree is
 //!   removed only by walking handles, never leaving the device it is on.
-
 //!
-//! The handle's system calls are per OS, with the same functions on both:
-//! `unix.rs` (`openat`, `renameat2`, `unlinkat` by rustix) and `windows.rs`
-//! (`NtCreateFile` relative to a directory handle, reparse points refused);
-//! what is built from them is written once, here.
+//! Only the system calls are per OS, `sys`, with the same functions and
+//! types on both: `unix.rs` (`openat`, `mkdirat`, `renameat2`, `unlinkat`
+//! by rustix; the owner and mode check) and `windows.rs` (`NtCreateFile`
+//! relative to a directory handle, reparse points refused; the owner SID).
+//! Each tells what stands in its way as a `Failed`; [`Dir`], every
+//! decision on those answers, the errors and their messages are written
+//! once, here.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
 per_os!();
 
-pub use sys::{Dir, FileExt};
+pub use sys::FileExt;
 #[cfg(windows)]
 pub use sys::{SHARING_RETRY, Stat, remote_protocol};
-use sys::{found, not_a};
 
-/// What both platforms' handles build from their primitives
-/// (`file_sized`, `remove_file`, `create_new`, `rename`), written once.
+/// An open directory of the layer and the path it was reached by (for messages).
+#[derive(Debug)]
+pub struct Dir {
+    handle: sys::Owned,
+    path: PathBuf,
+}
+
+/// Why a system call at a name did not do what was asked, as the `sys`
+/// module tells it; what follows is decided here.
+#[derive(Debug)]
+enum Failed {
+    /// Nothing is at the name.
+    Absent(std::io::Error),
+    /// Something is already at the name (a create).
+    Exists,
+    /// Not a directory (a file, a link, a special file).
+    NotADirectory,
+    /// Something of another type: what, when the call learned it.
+    WrongType(Option<&'static str>),
+    /// The status of what was opened could not be read.
+    #[cfg_attr(unix, allow(dead_code, reason = "only Windows reads it apart"))]
+    Stat(std::io::Error),
+    /// Another OS error.
+    Io(std::io::Error),
+}
+
+impl Failed {
+    /// The OS error this stands for.
+    fn into_io(self) -> std::io::Error {
+        match self {
+            Self::Absent(e) | Self::Stat(e) | Self::Io(e) => e,
+            Self::Exists => ErrorKind::AlreadyExists.into(),
+            Self::NotADirectory => ErrorKind::NotADirectory.into(),
+            Self::WrongType(_) => ErrorKind::InvalidInput.into(),
+        }
+    }
+}
+
+/// What stands at a name, for messages (`None`: gone, or on Unix a link).
+fn found(st: Option<&sys::Stat>) -> &'static str {
+    st.map_or(sys::GONE, sys::kind)
+}
+
+/// The error for an entry that is not what the layer needs there.
+fn not_a(path: &Path, want: &str, found: &str) -> Error {
+    untrusted(
+        path,
+        format!(
+            "it is {found}, not {want}; the tool never follows links or opens special files in the personal layer"
+        ),
+        format!(
+            "remove it ({} {}) and run again",
+            sys::REMOVE_TREE,
+            sys::quote(&path.display().to_string())
+        ),
+    )
+}
+
+/// How to remove a file that must not be there, for messages.
+fn remove_file_fix(path: &Path) -> String {
+    format!(
+        "remove it ({} {})",
+        sys::REMOVE_FILE,
+        sys::quote(&path.display().to_string())
+    )
+}
+
+impl Dir {
+    /// Opens the anchor of a layer: a path the user chose (links followed).
+    /// `None` when it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when it cannot be opened as a directory.
+    pub fn anchor(path: &Path) -> Result<Option<Self>> {
+        match sys::open_anchor(path) {
+            Ok(handle) => Ok(Some(Self {
+                handle,
+                path: path.to_path_buf(),
+            })),
+            Err(Failed::Absent(_)) => Ok(None),
+            Err(Failed::Stat(e)) => Err(Error::io("stat", path, e)),
+            Err(f) => Err(Error::io("open", path, f.into_io())),
+        }
+    }
+
+    /// The anchor, created (0700 on Unix, parents too) when absent.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when it cannot be created or opened.
+    pub fn anchor_create(path: &Path) -> Result<Self> {
+        if let Some(d) = Self::anchor(path)? {
+            return Ok(d);
+        }
+        sys::create_dir_all(path).map_err(|e| Error::io("create", path, e))?;
+        Self::anchor(path)?.ok_or_else(|| {
+            Error::io(
+                "open",
+                path,
+                std::io::Error::other("it disappeared right after it was created"),
+            )
+        })
+    }
+
+    /// The path this handle was reached by.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The handle itself (for `fstatfs`, the remote protocol and the like).
+    #[must_use]
+    pub fn fd(&self) -> sys::Handle<'_> {
+        sys::borrow(&self.handle)
+    }
+
+    /// The path of entry `name` (for messages).
+    #[must_use]
+    pub fn join(&self, name: impl AsRef<OsStr>) -> PathBuf {
+        self.path.join(name.as_ref())
+    }
+
+    /// Status of this directory.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn stat(&self) -> Result<sys::Stat> {
+        sys::fstat(self.fd()).map_err(|e| Error::io("stat", &self.path, e))
+    }
+
+    /// Refuses this directory unless it is the invoking user's alone (on
+    /// Unix: owned by the user, not writable by group or others; on
+    /// Windows: owned by the user).
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`], [`Error::Io`].
+    pub fn check_owner(&self) -> Result<()> {
+        sys::check_owner(self.fd(), &self.path)
+    }
+
+    /// Status of entry `name`, links not followed; `None` when absent.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn stat_at(&self, name: impl AsRef<OsStr>) -> Result<Option<sys::Stat>> {
+        let name = name.as_ref();
+        sys::stat_at(self.fd(), name).map_err(|e| Error::io("stat", self.join(name), e))
+    }
+
+    /// Opens subdirectory `name` without following a link, created (0700
+    /// on Unix) when absent and `create`; `None` when absent and not
+    /// `create`. It must be the invoking user's alone.
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`] for a link, a non-directory or a foreign or
+    /// writable-by-others directory; [`Error::Io`] otherwise.
+    pub fn dir(&self, name: impl AsRef<OsStr>, create: bool) -> Result<Option<Self>> {
+        let name = name.as_ref();
+        let path = self.join(name);
+        for _ in 0..2 {
+            match self.dir_plain(name) {
+                Ok(Some(d)) => {
+                    d.check_owner()?;
+                    return Ok(Some(d));
+                }
+                Ok(None) => {
+                    if !create {
+                        return Ok(None);
+                    }
+                    match sys::mkdir_at(self.fd(), name) {
+                        Ok(()) | Err(Failed::Exists) => {}
+                        Err(f) => return Err(Error::io("create", &path, f.into_io())),
+                    }
+                }
+                Err(Misfit::Io(e)) => return Err(Error::io("open", &path, e)),
+                Err(_) => {
+                    return Err(not_a(
+                        &path,
+                        "a directory",
+                        found(self.stat_at(name)?.as_ref()),
+                    ));
+                }
+            }
+        }
+        Err(Error::io(
+            "open",
+            &path,
+            std::io::Error::other("it keeps disappearing right after it is created"),
+        ))
+    }
+
+    /// Opens subdirectory `name` without following a link and without the
+    /// ownership check (a lock directory, a tombstone): `None` when absent,
+    /// `Err(kind)` when something else is there.
+    pub(crate) fn dir_plain(&self, name: &OsStr) -> std::result::Result<Option<Self>, Misfit> {
+        match sys::open_dir(self.fd(), name) {
+            Ok(handle) => Ok(Some(Self {
+                handle,
+                path: self.join(name),
+            })),
+            Err(Failed::Absent(_)) => Ok(None),
+            Err(Failed::Io(e) | Failed::Stat(e)) => Err(Misfit::Io(e)),
+            Err(_) => Err(Misfit::NotADirectory),
+        }
+    }
+
+    /// [`Dir::file`], with the file's size (from the same status call).
+    fn file_sized(&self, name: &OsStr, how: Open) -> Result<Option<(File, u64)>> {
+        let path = self.join(name);
+        match self.file_plain(name, how) {
+            Ok(f) => Ok(f),
+            Err(Misfit::NotAFile(what)) => Err(not_a(&path, "a regular file", what)),
+            Err(Misfit::NotADirectory) => Err(not_a(&path, "a regular file", sys::LINK)),
+            Err(Misfit::Io(e)) => Err(Error::io("open", &path, e)),
+        }
+    }
+
+    /// [`Dir::file`], telling what is there instead of failing on it.
+    pub(crate) fn file_plain(
+        &self,
+        name: &OsStr,
+        how: Open,
+    ) -> std::result::Result<Option<(File, u64)>, Misfit> {
+        let (handle, st) = match sys::open_file(self.fd(), name, how) {
+            Ok(opened) => opened,
+            Err(Failed::Absent(_)) if how == Open::Read => return Ok(None),
+            Err(Failed::WrongType(Some(what))) => return Err(Misfit::NotAFile(what)),
+            Err(Failed::WrongType(None)) => {
+                return Err(Misfit::NotAFile(found(
+                    self.stat_at(name).ok().flatten().as_ref(),
+                )));
+            }
+            Err(f) => return Err(Misfit::Io(f.into_io())),
+        };
+        if !sys::is_file(&st) {
+            return Err(Misfit::NotAFile(sys::kind(&st)));
+        }
+        // A file written in place (the history, its counter) must be ours
+        // alone: a hard link would carry the write to another name.
+        if how != Open::Read && sys::links(&st) > 1 {
+            return Err(Misfit::NotAFile("a file with other hard links"));
+        }
+        Ok(Some((File::from(handle), sys::size(&st))))
+    }
+
+    /// Opens the regular file at the relative path `rel` below this
+    /// directory in one lookup (Linux `openat2` with no link anywhere on the
+    /// way and nothing outside this directory), with its size. `None` for
+    /// anything that is not that simple (absent, a link, not a regular
+    /// file, an older kernel or a sandbox without `openat2`, another OS):
+    /// the caller then looks the exact, step-by-step way.
+    #[must_use]
+    pub fn file_beneath(&self, rel: &str) -> Option<(File, u64)> {
+        let (handle, st) = sys::open_beneath(self.fd(), rel)?;
+        sys::is_file(&st).then(|| (File::from(handle), sys::size(&st)))
+    }
+
+    /// Creates file `name` (0600 on Unix) holding `bytes`; `false` when
+    /// something is already there (it is left alone).
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn create_new(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<bool> {
+        let name = name.as_ref();
+        let path = self.join(name);
+        let handle = match sys::create_file(self.fd(), name) {
+            Ok(h) => h,
+            Err(Failed::Exists) => return Ok(false),
+            Err(f) => return Err(Error::io("create", &path, f.into_io())),
+        };
+        File::from(handle)
+            .write_all(bytes)
+            .map_err(|e| Error::io("write", &path, e))?;
+        Ok(true)
+    }
+
+    /// Unlinks entry `name` if it is not a directory (a link is removed
+    /// itself, never followed); absent is fine.
+    ///
+    /// # Errors
+    /// [`Error::Untrusted`] when it is a directory; [`Error::Io`].
+    pub fn remove_file(&self, name: &str) -> Result<()> {
+        let path = self.join(name);
+        match sys::unlink_file(self.fd(), OsStr::new(name)) {
+            Ok(()) | Err(Failed::Absent(_)) => Ok(()),
+            Err(Failed::WrongType(Some(what))) => Err(not_a(&path, "a regular file", what)),
+            Err(Failed::WrongType(None)) => Err(not_a(
+                &path,
+                "a regular file",
+                found(self.stat_at(name)?.as_ref()),
+            )),
+            Err(Failed::Stat(e)) => Err(Error::io("stat", &path, e)),
+            Err(f) => Err(Error::io("remove", &path, f.into_io())),
+        }
+    }
+
+    /// Renames entry `from` of this directory to `to` in `dest` (a link is
+    /// moved itself). `noreplace`: fail with `AlreadyExists` rather than
+    /// replace an entry at `to`.
+    ///
+    /// # Errors
+    /// The OS error.
+    pub fn rename(
+        &self,
+        from: &str,
+        dest: &Dir,
+        to: &OsStr,
+        noreplace: bool,
+    ) -> std::io::Result<()> {
+        let from = OsStr::new(from);
+        if noreplace {
+            sys::rename_excl_at(self.fd(), from, dest.fd(), to)
+        } else {
+            sys::rename_at(self.fd(), from, dest.fd(), to)
+        }
+    }
+
+    /// The names of the entries of this directory (not `.` and `..`).
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn names(&self) -> Result<Vec<OsString>> {
+        sys::names(self.fd()).map_err(|e| Error::io("read", &self.path, e))
+    }
+
+    /// Removes entry `name` and, if it is a directory, everything in it,
+    /// walking handles without following links and never leaving this
+    /// directory's device or volume (a mount point, a junction inside is
+    /// not entered). Best effort: what cannot be removed stays (a leftover
+    /// `list` counts).
+    pub fn remove_tree(&self, name: &OsStr) {
+        let Ok(device) = self.stat().map(|s| sys::device(&s).unwrap_or(u64::MAX)) else {
+            return;
+        };
+        self.remove_tree_on(name, device, 0);
+    }
+
+    fn remove_tree_on(&self, name: &OsStr, device: u64, depth: u32) {
+        match self.dir_plain(name) {
+            Ok(Some(sub)) if depth < 64 => {
+                if sub.stat().is_ok_and(|s| sys::device(&s) == Some(device)) {
+                    for child in sub.names().unwrap_or_default() {
+                        sub.remove_tree_on(&child, device, depth + 1);
+                    }
+                    sys::remove_dir_at(self.fd(), name, sub.handle);
+                }
+            }
+            Ok(Some(_) | None) => {}
+            Err(_) => sys::remove_at(self.fd(), name),
+        }
+    }
+
+    /// Is entry `name` still the directory `held` (same device and inode,
+    /// or volume and file id; links not followed)?
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn still_is(&self, name: &OsStr, held: &Dir) -> Result<bool> {
+        let held = held.stat()?;
+        Ok(self
+            .stat_at(name)?
+            .is_some_and(|st| sys::same_file(&st, &held) && sys::links(&held) > 0))
+    }
+}
+
+/// What is built from the handle's primitives above.
 impl Dir {
     /// Opens file `name` without following a link and without blocking; it
     /// must be a regular file. `None` when absent (and not created).
@@ -102,7 +466,7 @@ impl Dir {
             return Err(untrusted(
                 &self.join(name),
                 format!("it is larger than {READ_LIMIT} bytes, which no file of the tool ever is"),
-                sys::remove_file_fix(&self.join(name)),
+                remove_file_fix(&self.join(name)),
             ));
         }
         Ok(Some(bytes))

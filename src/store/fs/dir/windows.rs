@@ -1,5 +1,6 @@
 //! The personal layer on Windows (SPEC §5 "Trust", §7 "Hostile layers",
-//! §10): the same [`Dir`] as on Unix, by NT handles.
+//! §10): the system calls under the same [`super::Dir`] as on Unix, by NT
+//! handles.
 //!
 //! The invariants are the Unix ones, kept with what NTFS offers:
 //!
@@ -29,10 +30,10 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::os::windows::ffi::{OsStrExt, OsStringExt};
 use std::os::windows::io::{AsHandle, AsRawHandle, BorrowedHandle, FromRawHandle, OwnedHandle};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use windows_sys::Wdk::Foundation::OBJECT_ATTRIBUTES;
@@ -60,7 +61,7 @@ use windows_sys::Win32::Storage::FileSystem::{
 };
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
-use super::{Misfit, Open, untrusted};
+use super::{Failed, Open, untrusted};
 use crate::error::{Error, Result};
 
 mod nt;
@@ -136,482 +137,319 @@ impl Stat {
     }
 }
 
-/// An open directory of the layer and the path it was reached by (for messages).
-#[derive(Debug)]
-pub struct Dir {
-    handle: OwnedHandle,
-    path: PathBuf,
-}
+/// What a rename answers.
+type Io = std::io::Result<()>;
+
+/// An open handle.
+pub(super) type Owned = OwnedHandle;
+/// A borrowed handle (for the network file system check).
+pub type Handle<'a> = BorrowedHandle<'a>;
+
+/// What stands at a name that vanished before it could be looked at.
+pub(super) const GONE: &str = "gone";
+/// What refuses to be opened as a directory.
+pub(super) const LINK: &str = "a link";
+/// The command that removes a file, for messages.
+pub(super) const REMOVE_FILE: &str = "Remove-Item";
+/// The command that removes a tree, for messages.
+pub(super) const REMOVE_TREE: &str = "Remove-Item -Recurse -Force";
 
 /// Quotes `s` for PowerShell (the fixes in messages are PowerShell lines).
-fn ps_quote(s: &str) -> String {
+pub(super) fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-/// How to remove a file that must not be there, for messages.
-pub(super) fn remove_file_fix(path: &Path) -> String {
-    format!(
-        "remove it (Remove-Item {})",
-        ps_quote(&path.display().to_string())
-    )
+pub(super) fn borrow(h: &Owned) -> Handle<'_> {
+    h.as_handle()
 }
 
-pub(super) fn not_a(path: &Path, want: &str, found: &str) -> Error {
-    untrusted(
-        path,
-        format!(
-            "it is {found}, not {want}; the tool never follows links or opens special files in the personal layer"
-        ),
-        format!(
-            "remove it (Remove-Item -Recurse -Force {}) and run again",
-            ps_quote(&path.display().to_string())
-        ),
-    )
+fn os(status: NTSTATUS) -> Failed {
+    Failed::Io(nt_error(status))
 }
 
-pub(super) fn found(st: Option<&Stat>) -> &'static str {
-    st.map_or("gone", Stat::kind)
+/// What `st` is, for messages.
+pub(super) fn kind(st: &Stat) -> &'static str {
+    st.kind()
 }
 
-impl Dir {
-    /// Opens the anchor of a layer: a path the user chose (links followed).
-    /// `None` when it does not exist.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when it cannot be opened as a directory.
-    pub fn anchor(path: &Path) -> Result<Option<Self>> {
-        use std::os::windows::fs::OpenOptionsExt;
-        let file = match std::fs::OpenOptions::new()
-            .access_mode(DIR_ACCESS)
-            .share_mode(SHARE_ALL)
-            .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
-            .open(path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io("open", path, e)),
-        };
-        let d = Self {
-            handle: OwnedHandle::from(file),
-            path: path.to_path_buf(),
-        };
-        if !d.stat()?.is_dir() {
-            return Err(Error::io(
-                "open",
-                path,
-                std::io::Error::other("it is not a directory"),
-            ));
-        }
-        Ok(Some(d))
-    }
+pub(super) fn is_file(st: &Stat) -> bool {
+    st.is_file()
+}
 
-    /// The anchor, created (parents too) when absent.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when it cannot be created or opened.
-    pub fn anchor_create(path: &Path) -> Result<Self> {
-        if let Some(d) = Self::anchor(path)? {
-            return Ok(d);
-        }
-        std::fs::create_dir_all(path).map_err(|e| Error::io("create", path, e))?;
-        Self::anchor(path)?.ok_or_else(|| {
-            Error::io(
-                "open",
-                path,
-                std::io::Error::other("it disappeared right after it was created"),
-            )
-        })
-    }
+pub(super) fn size(st: &Stat) -> u64 {
+    st.size
+}
 
-    /// The path this handle was reached by.
-    #[must_use]
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
+pub(super) fn links(st: &Stat) -> u64 {
+    u64::from(st.links)
+}
 
-    /// The handle itself (for the network file system check).
-    #[must_use]
-    pub fn fd(&self) -> BorrowedHandle<'_> {
-        self.handle.as_handle()
-    }
+/// The volume `st` is on.
+#[allow(clippy::unnecessary_wraps, reason = "the same function as on Unix")]
+pub(super) fn device(st: &Stat) -> Option<u64> {
+    Some(u64::from(st.volume))
+}
 
-    /// The path of entry `name` (for messages).
-    #[must_use]
-    pub fn join(&self, name: impl AsRef<OsStr>) -> PathBuf {
-        self.path.join(name.as_ref())
-    }
+/// Are `a` and `b` the same entry (volume and file id)?
+pub(super) fn same_file(a: &Stat, b: &Stat) -> bool {
+    a.volume == b.volume && a.index == b.index
+}
 
-    /// Status of this directory.
-    ///
-    /// # Errors
-    /// [`Error::Io`].
-    pub fn stat(&self) -> Result<Stat> {
-        Stat::of(self.fd()).map_err(|e| Error::io("stat", &self.path, e))
-    }
-
-    /// Refuses this directory unless the invoking user owns it.
-    ///
-    /// # Errors
-    /// [`Error::Untrusted`], [`Error::Io`].
-    pub fn check_owner(&self) -> Result<()> {
-        match owner::owned_by_me(self.fd()) {
-            Ok(owner::Owner::Me) => Ok(()),
-            Ok(owner::Owner::Other(sid)) => Err(untrusted(
-                &self.path,
-                format!(
-                    "it is owned by {sid}, not by you; another user's directory could redirect or forge locks"
-                ),
-                format!(
-                    "run skill-lock as its owner, or take it over (takeown /r /f {}), or pick another store: --store file:DIR",
-                    ps_quote(&self.path.display().to_string())
-                ),
-            )),
-            Err(e) => Err(Error::io("inspect the owner of", &self.path, e)),
-        }
-    }
-
-    /// Status of entry `name`, links not followed; `None` when absent.
-    ///
-    /// # Errors
-    /// [`Error::Io`].
-    pub fn stat_at(&self, name: impl AsRef<OsStr>) -> Result<Option<Stat>> {
-        let name = name.as_ref();
-        match nt_open(
-            self.fd(),
-            name,
-            FILE_READ_ATTRIBUTES | SYNCHRONIZE,
-            FILE_OPEN,
-            0,
-        ) {
-            Ok(h) => Stat::of(h.as_handle())
-                .map(Some)
-                .map_err(|e| Error::io("stat", self.join(name), e)),
-            Err(s) if absent(s) => Ok(None),
-            Err(s) => Err(Error::io("stat", self.join(name), nt_error(s))),
-        }
-    }
-
-    /// Opens subdirectory `name` without following a link, created when
-    /// absent and `create`; `None` when absent and not `create`. It must be
-    /// the invoking user's.
-    ///
-    /// # Errors
-    /// [`Error::Untrusted`] for a link, a non-directory or a foreign
-    /// directory; [`Error::Io`] otherwise.
-    pub fn dir(&self, name: impl AsRef<OsStr>, create: bool) -> Result<Option<Self>> {
-        let name = name.as_ref();
-        let path = self.join(name);
-        for _ in 0..2 {
-            match self.dir_plain(name) {
-                Ok(Some(d)) => {
-                    d.check_owner()?;
-                    return Ok(Some(d));
-                }
-                Ok(None) => {
-                    if !create {
-                        return Ok(None);
-                    }
-                    match nt_open(
-                        self.fd(),
-                        name,
-                        DIR_ACCESS,
-                        FILE_CREATE,
-                        FILE_DIRECTORY_FILE,
-                    ) {
-                        Ok(_) => {}
-                        Err(s) if s == STATUS_OBJECT_NAME_COLLISION => {}
-                        Err(s) => return Err(Error::io("create", &path, nt_error(s))),
-                    }
-                }
-                Err(Misfit::Io(e)) => return Err(Error::io("open", &path, e)),
-                Err(_) => {
-                    return Err(not_a(
-                        &path,
-                        "a directory",
-                        found(self.stat_at(name)?.as_ref()),
-                    ));
-                }
-            }
-        }
-        Err(Error::io(
-            "open",
-            &path,
-            std::io::Error::other("it keeps disappearing right after it is created"),
-        ))
-    }
-
-    /// Opens subdirectory `name` without following a link and without the
-    /// ownership check: `None` when absent, `Err(kind)` when something else
-    /// is there.
-    pub(crate) fn dir_plain(&self, name: &OsStr) -> std::result::Result<Option<Self>, Misfit> {
-        let handle = match nt_open(
-            self.fd(),
-            name,
-            DIR_ACCESS,
-            FILE_OPEN,
-            FILE_DIRECTORY_FILE | FILE_OPEN_FOR_BACKUP_INTENT,
-        ) {
-            Ok(h) => h,
-            Err(s) if absent(s) => return Ok(None),
-            Err(s) if s == STATUS_NOT_A_DIRECTORY => return Err(Misfit::NotADirectory),
-            Err(s) => return Err(Misfit::Io(nt_error(s))),
-        };
-        let st = Stat::of(handle.as_handle()).map_err(Misfit::Io)?;
-        if !st.is_dir() {
-            return Err(Misfit::NotADirectory);
-        }
-        Ok(Some(Self {
-            handle,
-            path: self.join(name),
-        }))
-    }
-
-    pub(super) fn file_sized(&self, name: &OsStr, how: Open) -> Result<Option<(File, u64)>> {
-        let path = self.join(name);
-        match self.file_plain(name, how) {
-            Ok(f) => Ok(f),
-            Err(Misfit::NotAFile(what)) => Err(not_a(&path, "a regular file", what)),
-            Err(Misfit::NotADirectory) => Err(not_a(&path, "a regular file", "a link")),
-            Err(Misfit::Io(e)) => Err(Error::io("open", &path, e)),
-        }
-    }
-
-    /// [`Dir::file`], telling what is there instead of failing on it.
-    pub(crate) fn file_plain(
-        &self,
-        name: &OsStr,
-        how: Open,
-    ) -> std::result::Result<Option<(File, u64)>, Misfit> {
-        let (access, disposition) = match how {
-            Open::Read => (FILE_GENERIC_READ, FILE_OPEN),
-            Open::ReadWriteCreate => (FILE_GENERIC_READ | FILE_GENERIC_WRITE, FILE_OPEN_IF),
-            // No FILE_WRITE_DATA: every write goes to the end of the file.
-            Open::AppendCreate => (
-                FILE_GENERIC_READ | FILE_APPEND_DATA | FILE_WRITE_ATTRIBUTES | SYNCHRONIZE,
-                FILE_OPEN_IF,
+/// Refuses the directory open at `h` (reached by `path`) unless the
+/// invoking user owns it.
+pub(super) fn check_owner(h: Handle<'_>, path: &Path) -> Result<()> {
+    match owner::owned_by_me(h) {
+        Ok(owner::Owner::Me) => Ok(()),
+        Ok(owner::Owner::Other(sid)) => Err(untrusted(
+            path,
+            format!(
+                "it is owned by {sid}, not by you; another user's directory could redirect or forge locks"
             ),
-        };
-        let handle = match nt_open(
-            self.fd(),
-            name,
-            access,
-            disposition,
-            FILE_NON_DIRECTORY_FILE,
-        ) {
-            Ok(h) => h,
-            Err(s) if absent(s) && how == Open::Read => return Ok(None),
-            Err(s) if s == STATUS_FILE_IS_A_DIRECTORY => {
-                return Err(Misfit::NotAFile(found(
-                    self.stat_at(name).ok().flatten().as_ref(),
-                )));
-            }
-            Err(s) => return Err(Misfit::Io(nt_error(s))),
-        };
-        let st = Stat::of(handle.as_handle()).map_err(Misfit::Io)?;
-        if !st.is_file() {
-            return Err(Misfit::NotAFile(st.kind()));
-        }
-        if how != Open::Read && st.links > 1 {
-            return Err(Misfit::NotAFile("a file with other hard links"));
-        }
-        Ok(Some((File::from(handle), st.size)))
+            format!(
+                "run skill-lock as its owner, or take it over (takeown /r /f {}), or pick another store: --store file:DIR",
+                quote(&path.display().to_string())
+            ),
+        )),
+        Err(e) => Err(Error::io("inspect the owner of", path, e)),
     }
+}
 
-    /// Always `None` on Windows: the caller looks step by step.
-    #[must_use]
-    pub fn file_beneath(&self, rel: &str) -> Option<(File, u64)> {
-        let _ = rel;
-        None
+/// Opens the directory at `path` (links followed).
+pub(super) fn open_anchor(path: &Path) -> std::result::Result<Owned, Failed> {
+    use std::os::windows::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new()
+        .access_mode(DIR_ACCESS)
+        .share_mode(SHARE_ALL)
+        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Err(Failed::Absent(e)),
+        Err(e) => return Err(Failed::Io(e)),
+    };
+    let handle = OwnedHandle::from(file);
+    if !Stat::of(handle.as_handle()).map_err(Failed::Stat)?.is_dir() {
+        return Err(Failed::Io(std::io::Error::other("it is not a directory")));
     }
+    Ok(handle)
+}
 
-    /// Creates file `name` holding `bytes`; `false` when something is
-    /// already there (it is left alone).
-    ///
-    /// # Errors
-    /// [`Error::Io`].
-    pub fn create_new(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<bool> {
-        let name = name.as_ref();
-        let path = self.join(name);
-        let handle = match nt_open(
-            self.fd(),
-            name,
-            FILE_GENERIC_WRITE,
-            FILE_CREATE,
-            FILE_NON_DIRECTORY_FILE,
-        ) {
-            Ok(h) => h,
-            Err(s) if s == STATUS_OBJECT_NAME_COLLISION => return Ok(false),
-            Err(s) => return Err(Error::io("create", &path, nt_error(s))),
-        };
-        File::from(handle)
-            .write_all(bytes)
-            .map_err(|e| Error::io("write", &path, e))?;
-        Ok(true)
+/// Creates directory `path`, parents too.
+pub(super) fn create_dir_all(path: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(path)
+}
+
+pub(super) fn fstat(h: Handle<'_>) -> std::io::Result<Stat> {
+    Stat::of(h)
+}
+
+/// Status of entry `name` of `h`, links not followed; `None` when absent.
+pub(super) fn stat_at(h: Handle<'_>, name: &OsStr) -> std::io::Result<Option<Stat>> {
+    match nt_open(h, name, FILE_READ_ATTRIBUTES | SYNCHRONIZE, FILE_OPEN, 0) {
+        Ok(opened) => Stat::of(opened.as_handle()).map(Some),
+        Err(s) if absent(s) => Ok(None),
+        Err(s) => Err(nt_error(s)),
     }
+}
 
-    /// Deletes entry `name` if it is not a directory (a link is removed
-    /// itself, never followed); absent is fine.
-    ///
-    /// # Errors
-    /// [`Error::Untrusted`] when it is a directory; [`Error::Io`].
-    pub fn remove_file(&self, name: &str) -> Result<()> {
-        let path = self.join(name);
-        let handle = match nt_open(
-            self.fd(),
-            OsStr::new(name),
+/// Creates directory `name` in `h`.
+pub(super) fn mkdir_at(h: Handle<'_>, name: &OsStr) -> std::result::Result<(), Failed> {
+    match nt_open(h, name, DIR_ACCESS, FILE_CREATE, FILE_DIRECTORY_FILE) {
+        Ok(_) => Ok(()),
+        Err(s) if s == STATUS_OBJECT_NAME_COLLISION => Err(Failed::Exists),
+        Err(s) => Err(os(s)),
+    }
+}
+
+/// Opens directory `name` of `h` without following a link.
+pub(super) fn open_dir(h: Handle<'_>, name: &OsStr) -> std::result::Result<Owned, Failed> {
+    let handle = match nt_open(
+        h,
+        name,
+        DIR_ACCESS,
+        FILE_OPEN,
+        FILE_DIRECTORY_FILE | FILE_OPEN_FOR_BACKUP_INTENT,
+    ) {
+        Ok(opened) => opened,
+        Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
+        Err(s) if s == STATUS_NOT_A_DIRECTORY => return Err(Failed::NotADirectory),
+        Err(s) => return Err(os(s)),
+    };
+    let st = Stat::of(handle.as_handle()).map_err(Failed::Io)?;
+    if !st.is_dir() {
+        return Err(Failed::NotADirectory);
+    }
+    Ok(handle)
+}
+
+/// Opens file `name` of `h` without following a link (created when `how`
+/// says so), with its status.
+pub(super) fn open_file(
+    h: Handle<'_>,
+    name: &OsStr,
+    how: Open,
+) -> std::result::Result<(Owned, Stat), Failed> {
+    let (access, disposition) = match how {
+        Open::Read => (FILE_GENERIC_READ, FILE_OPEN),
+        Open::ReadWriteCreate => (FILE_GENERIC_READ | FILE_GENERIC_WRITE, FILE_OPEN_IF),
+        // No FILE_WRITE_DATA: every write goes to the end of the file.
+        Open::AppendCreate => (
+            FILE_GENERIC_READ | FILE_APPEND_DATA | FILE_WRITE_ATTRIBUTES | SYNCHRONIZE,
+            FILE_OPEN_IF,
+        ),
+    };
+    let handle = match nt_open(h, name, access, disposition, FILE_NON_DIRECTORY_FILE) {
+        Ok(opened) => opened,
+        Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
+        Err(s) if s == STATUS_FILE_IS_A_DIRECTORY => return Err(Failed::WrongType(None)),
+        Err(s) => return Err(os(s)),
+    };
+    let st = Stat::of(handle.as_handle()).map_err(Failed::Io)?;
+    Ok((handle, st))
+}
+
+/// Always `None` on Windows: the caller looks step by step.
+pub(super) fn open_beneath(h: Handle<'_>, rel: &str) -> Option<(Owned, Stat)> {
+    let _ = (h, rel);
+    None
+}
+
+/// Creates file `name` in `h`, failing when anything is there.
+pub(super) fn create_file(h: Handle<'_>, name: &OsStr) -> std::result::Result<Owned, Failed> {
+    match nt_open(
+        h,
+        name,
+        FILE_GENERIC_WRITE,
+        FILE_CREATE,
+        FILE_NON_DIRECTORY_FILE,
+    ) {
+        Ok(opened) => Ok(opened),
+        Err(s) if s == STATUS_OBJECT_NAME_COLLISION => Err(Failed::Exists),
+        Err(s) => Err(os(s)),
+    }
+}
+
+/// Deletes entry `name` of `h` unless it is a directory (a link is
+/// removed itself).
+pub(super) fn unlink_file(h: Handle<'_>, name: &OsStr) -> std::result::Result<(), Failed> {
+    let handle = match nt_open(
+        h,
+        name,
+        DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
+        FILE_OPEN,
+        0,
+    ) {
+        Ok(opened) => opened,
+        Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
+        Err(s) => return Err(os(s)),
+    };
+    let st = Stat::of(handle.as_handle()).map_err(Failed::Stat)?;
+    if st.is_dir() {
+        return Err(Failed::WrongType(Some(st.kind())));
+    }
+    retry_sharing(|| delete_handle(handle.as_handle())).map_err(Failed::Io)
+}
+
+/// Best effort: deletes entry `name` of `h` (not followed).
+pub(super) fn remove_at(h: Handle<'_>, name: &OsStr) {
+    delete_entry(h, name, 0);
+}
+
+/// Best effort: deletes the empty directory `name` of `h`, open as
+/// `held` (closed first).
+pub(super) fn remove_dir_at(h: Handle<'_>, name: &OsStr, held: Owned) {
+    drop(held);
+    delete_entry(h, name, FILE_DIRECTORY_FILE);
+}
+
+fn delete_entry(h: Handle<'_>, name: &OsStr, options: u32) {
+    if let Ok(opened) = nt_open(
+        h,
+        name,
+        DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
+        FILE_OPEN,
+        options,
+    ) {
+        let _ = retry_sharing(|| delete_handle(opened.as_handle()));
+    }
+}
+
+/// Renames entry `from` of `h` to `to` in `dest`, replacing what is
+/// there (a link is moved itself; NTFS never renames over a directory).
+pub(super) fn rename_at(h: Handle<'_>, from: &OsStr, dest: Handle<'_>, to: &OsStr) -> Io {
+    rename(h, from, dest, to, true)
+}
+
+/// [`rename_at`], but `AlreadyExists` rather than replace an entry at `to`
+/// (NTFS never renames over anything when not asked to replace).
+pub(super) fn rename_excl_at(h: Handle<'_>, from: &OsStr, dest: Handle<'_>, to: &OsStr) -> Io {
+    rename(h, from, dest, to, false)
+}
+
+fn rename(h: Handle<'_>, from: &OsStr, dest: Handle<'_>, to: &OsStr, replace: bool) -> Io {
+    let to_wide = component(to).ok_or_else(|| std::io::Error::from(ErrorKind::InvalidInput))?;
+    retry_sharing(|| {
+        let opened = nt_open(
+            h,
+            from,
             DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
             FILE_OPEN,
             0,
-        ) {
-            Ok(h) => h,
-            Err(s) if absent(s) => return Ok(()),
-            Err(s) => return Err(Error::io("remove", &path, nt_error(s))),
+        )
+        .map_err(|s| {
+            if absent(s) {
+                ErrorKind::NotFound.into()
+            } else {
+                nt_error(s)
+            }
+        })?;
+        rename_handle(opened.as_handle(), dest, &to_wide, replace)
+    })
+}
+
+/// The names of the entries of directory `h` (not `.` and `..`).
+pub(super) fn names(h: Handle<'_>) -> std::io::Result<Vec<OsString>> {
+    let mut buf = vec![0u64; 8 * 1024];
+    let len = u32::try_from(buf.len() * 8).unwrap_or(u32::MAX);
+    let mut out = Vec::new();
+    let mut class = FileIdBothDirectoryRestartInfo;
+    loop {
+        // SAFETY: a valid handle and a buffer of `len` bytes, 8-aligned.
+        let ok = unsafe {
+            GetFileInformationByHandleEx(h.as_raw_handle(), class, buf.as_mut_ptr().cast(), len)
         };
-        let st = Stat::of(handle.as_handle()).map_err(|e| Error::io("stat", &path, e))?;
-        if st.is_dir() {
-            return Err(not_a(&path, "a regular file", st.kind()));
+        if ok == 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(ERROR_NO_MORE_FILES) {
+                return Ok(out);
+            }
+            return Err(e);
         }
-        retry_sharing(|| delete_handle(handle.as_handle()))
-            .map_err(|e| Error::io("remove", &path, e))
-    }
-
-    /// Renames entry `from` of this directory to `to` in `dest` (a link is
-    /// moved itself). `noreplace`: fail with `AlreadyExists` rather than
-    /// replace an entry at `to` (NTFS never renames over a directory, nor
-    /// over anything when not asked to replace).
-    ///
-    /// # Errors
-    /// The OS error.
-    pub fn rename(
-        &self,
-        from: &str,
-        dest: &Dir,
-        to: &OsStr,
-        noreplace: bool,
-    ) -> std::io::Result<()> {
-        let to_wide = component(to).ok_or_else(|| std::io::Error::from(ErrorKind::InvalidInput))?;
-        retry_sharing(|| {
-            let handle = nt_open(
-                self.fd(),
-                OsStr::new(from),
-                DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
-                FILE_OPEN,
-                0,
-            )
-            .map_err(|s| {
-                if absent(s) {
-                    ErrorKind::NotFound.into()
-                } else {
-                    nt_error(s)
-                }
-            })?;
-            rename_handle(handle.as_handle(), dest.fd(), &to_wide, !noreplace)
-        })
-    }
-
-    /// The names of the entries of this directory (not `.` and `..`).
-    ///
-    /// # Errors
-    /// [`Error::Io`].
-    pub fn names(&self) -> Result<Vec<OsString>> {
-        let mut buf = vec![0u64; 8 * 1024];
-        let len = u32::try_from(buf.len() * 8).unwrap_or(u32::MAX);
-        let mut out = Vec::new();
-        let mut class = FileIdBothDirectoryRestartInfo;
+        class = FileIdBothDirectoryInfo;
+        let base: *const u8 = buf.as_ptr().cast();
+        let mut off = 0usize;
         loop {
-            // SAFETY: a valid handle and a buffer of `len` bytes, 8-aligned.
-            let ok = unsafe {
-                GetFileInformationByHandleEx(
-                    self.handle.as_raw_handle(),
-                    class,
-                    buf.as_mut_ptr().cast(),
-                    len,
-                )
-            };
-            if ok == 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(ERROR_NO_MORE_FILES) {
-                    return Ok(out);
-                }
-                return Err(Error::io("read", &self.path, e));
+            // SAFETY: the entries the call wrote lie inside buf, each at
+            // an 8-aligned offset (NextEntryOffset).
+            #[allow(
+                clippy::cast_ptr_alignment,
+                reason = "buf is 8-aligned and every NextEntryOffset is a multiple of 8"
+            )]
+            let entry = unsafe { &*base.add(off).cast::<FILE_ID_BOTH_DIR_INFO>() };
+            let chars = usize::try_from(entry.FileNameLength).unwrap_or(0) / 2;
+            // SAFETY: FileNameLength bytes of name follow in the buffer.
+            let name = unsafe { std::slice::from_raw_parts(entry.FileName.as_ptr(), chars) };
+            let name = OsString::from_wide(name);
+            if name != "." && name != ".." {
+                out.push(name);
             }
-            class = FileIdBothDirectoryInfo;
-            let base: *const u8 = buf.as_ptr().cast();
-            let mut off = 0usize;
-            loop {
-                // SAFETY: the entries the call wrote lie inside buf, each at
-                // an 8-aligned offset (NextEntryOffset).
-                #[allow(
-                    clippy::cast_ptr_alignment,
-                    reason = "buf is 8-aligned and every NextEntryOffset is a multiple of 8"
-                )]
-                let entry = unsafe { &*base.add(off).cast::<FILE_ID_BOTH_DIR_INFO>() };
-                let chars = usize::try_from(entry.FileNameLength).unwrap_or(0) / 2;
-                // SAFETY: FileNameLength bytes of name follow in the buffer.
-                let name = unsafe { std::slice::from_raw_parts(entry.FileName.as_ptr(), chars) };
-                let name = OsString::from_wide(name);
-                if name != "." && name != ".." {
-                    out.push(name);
-                }
-                if entry.NextEntryOffset == 0 {
-                    break;
-                }
-                off += usize::try_from(entry.NextEntryOffset).unwrap_or(usize::MAX / 2);
-                if off >= buf.len() * 8 {
-                    break;
-                }
+            if entry.NextEntryOffset == 0 {
+                break;
+            }
+            off += usize::try_from(entry.NextEntryOffset).unwrap_or(usize::MAX / 2);
+            if off >= buf.len() * 8 {
+                break;
             }
         }
-    }
-
-    /// Removes entry `name` and, if it is a directory, everything in it,
-    /// walking handles without following links and never leaving this
-    /// directory's volume (a junction or mount point inside is removed
-    /// itself, not what it leads to). Best effort.
-    pub fn remove_tree(&self, name: &OsStr) {
-        let Ok(volume) = self.stat().map(|s| s.volume) else {
-            return;
-        };
-        self.remove_tree_on(name, volume, 0);
-    }
-
-    fn remove_tree_on(&self, name: &OsStr, volume: u32, depth: u32) {
-        match self.dir_plain(name) {
-            Ok(Some(sub)) if depth < 64 => {
-                if sub.stat().is_ok_and(|s| s.volume == volume) {
-                    for child in sub.names().unwrap_or_default() {
-                        sub.remove_tree_on(&child, volume, depth + 1);
-                    }
-                    drop(sub);
-                    self.delete_entry(name, FILE_DIRECTORY_FILE);
-                }
-            }
-            Ok(Some(_) | None) => {}
-            Err(_) => self.delete_entry(name, 0),
-        }
-    }
-
-    fn delete_entry(&self, name: &OsStr, options: u32) {
-        if let Ok(h) = nt_open(
-            self.fd(),
-            name,
-            DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
-            FILE_OPEN,
-            options,
-        ) {
-            let _ = retry_sharing(|| delete_handle(h.as_handle()));
-        }
-    }
-
-    /// Is entry `name` still the directory `held` (same volume and file id,
-    /// links not followed)?
-    ///
-    /// # Errors
-    /// [`Error::Io`].
-    pub fn still_is(&self, name: &OsStr, held: &Dir) -> Result<bool> {
-        let held = held.stat()?;
-        Ok(self
-            .stat_at(name)?
-            .is_some_and(|st| st.volume == held.volume && st.index == held.index && held.links > 0))
     }
 }
