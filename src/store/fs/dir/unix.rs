@@ -15,7 +15,7 @@ use super::{Failed, Open, untrusted};
 use crate::error::{Error, Result};
 
 /// What `fstat` tells about an entry.
-pub use rustix::fs::Stat;
+pub(super) use rustix::fs::Stat;
 /// Positioned reads and writes (`pread`, `pwrite`), as on Windows.
 pub use std::os::unix::fs::FileExt;
 
@@ -25,7 +25,7 @@ type Io = std::io::Result<()>;
 /// An open handle.
 pub(super) type Owned = OwnedFd;
 /// A borrowed handle (for `fstatfs` and the like).
-pub type Handle<'a> = BorrowedFd<'a>;
+pub(super) type Handle<'a> = BorrowedFd<'a>;
 
 /// What stands at a name that vanished before it could be looked at.
 pub(super) const GONE: &str = "a symbolic link";

@@ -143,7 +143,7 @@ type Io = std::io::Result<()>;
 /// An open handle.
 pub(super) type Owned = OwnedHandle;
 /// A borrowed handle (for the network file system check).
-pub type Handle<'a> = BorrowedHandle<'a>;
+pub(super) type Handle<'a> = BorrowedHandle<'a>;
 
 /// What stands at a name that vanished before it could be looked at.
 pub(super) const GONE: &str = "gone";
