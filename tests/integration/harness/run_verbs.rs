@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::verbs::{Call, Holder, Reply};
+use super::verbs::{Call, Reply};
 use super::{Cmd, Out};
 
 /// Fields of a typed reply that [`super::verbs`] has no accessor for.
@@ -31,19 +31,6 @@ impl Reply {
             Self::Ran { signal, .. } => *signal,
             Self::Interrupted { signal, .. } => Some(*signal),
             other => panic!("no `signal` in {other:?}"),
-        }
-    }
-
-    /// The holder a reply of any kind shows: `None` when it has none or
-    /// shows `null` (for a look over the replies of a race).
-    pub fn any_holder(&self) -> Option<&Holder> {
-        match self {
-            Self::AlreadyRunning { holder, .. } => Some(holder),
-            Self::Released { holder, .. }
-            | Self::Refused { holder, .. }
-            | Self::NotOwner { holder, .. }
-            | Self::Status { holder, .. } => holder.as_ref(),
-            _ => None,
         }
     }
 }

@@ -405,17 +405,29 @@ impl Reply {
         }
     }
 
-    /// The holder a reply shows, if any (`null` or absent: `None`).
-    #[track_caller]
-    pub fn holder_opt(&self) -> Option<&Holder> {
+    /// The `holder` field of a reply that has one (`None`: it has none).
+    fn holder_field(&self) -> Option<Option<&Holder>> {
         match self {
-            Self::AlreadyRunning { holder, .. } => Some(holder),
+            Self::AlreadyRunning { holder, .. } => Some(Some(holder)),
             Self::Released { holder, .. }
             | Self::Refused { holder, .. }
             | Self::NotOwner { holder, .. }
-            | Self::Status { holder, .. } => holder.as_ref(),
-            other => panic!("no `holder` in {other:?}"),
+            | Self::Status { holder, .. } => Some(holder.as_ref()),
+            _ => None,
         }
+    }
+
+    /// The holder a reply shows, if any (`null` or absent: `None`).
+    #[track_caller]
+    pub fn holder_opt(&self) -> Option<&Holder> {
+        self.holder_field()
+            .unwrap_or_else(|| panic!("no `holder` in {self:?}"))
+    }
+
+    /// The holder a reply of any kind shows: `None` when it has none or
+    /// shows `null` (for a look over the replies of a race).
+    pub fn any_holder(&self) -> Option<&Holder> {
+        self.holder_field().flatten()
     }
 
     /// The holder a reply must show.
