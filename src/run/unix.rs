@@ -37,7 +37,7 @@ pub(super) const SURVIVORS: &str = "skill-lock run: processes the command starte
 pub(super) struct CmdTree {
     keeper: Keeper,
     terminal: Option<Terminal>,
-    group: Option<Group>,
+    group: Option<CmdGroup>,
 }
 
 impl CmdTree {
@@ -88,7 +88,7 @@ impl CmdTree {
 
     /// CMD started with `pid`: its process group is CMD's own.
     pub(super) fn started(&mut self, pid: u32) {
-        self.group = Some(Group::of_cmd(pid));
+        self.group = Some(CmdGroup::of_cmd(pid));
     }
 
     /// The tree is stopped at `stop_at` on the lease clock (by the keeper,
@@ -208,12 +208,12 @@ unsafe fn errno() -> *mut libc::c_int {
 /// whose id is CMD's pid, with its leader's start time (a live process
 /// with that pid and another start time is not of it).
 #[derive(Debug, Clone, Copy)]
-struct Group {
+struct CmdGroup {
     pgid: u32,
     start: Option<u64>,
 }
 
-impl Group {
+impl CmdGroup {
     /// CMD's group, CMD having started with this pid.
     fn of_cmd(pid: u32) -> Self {
         Self {

@@ -129,7 +129,7 @@ pub(super) fn run(
 }
 
 /// What the threads around a running git report.
-enum Event {
+enum Heard {
     Out(Vec<u8>),
     OutEnd,
     Exited(std::io::Result<std::process::ExitStatus>),
@@ -182,7 +182,7 @@ pub(super) fn run_streaming(
     }
     // A waiter thread reaps the child; this one reads and watches the deadline.
     std::thread::spawn(move || {
-        let _ = tx.send(Event::Exited(child.wait()));
+        let _ = tx.send(Heard::Exited(child.wait()));
     });
     let Some((status, stopped)) = drive(&rx, deadline, sink, &kill) else {
         return Ok(None);
@@ -202,27 +202,27 @@ pub(super) fn run_streaming(
 }
 
 /// Copies a pipe to `tx` in pieces until its end (or until nobody listens).
-fn pump(mut from: impl Read, tx: &mpsc::SyncSender<Event>) {
+fn pump(mut from: impl Read, tx: &mpsc::SyncSender<Heard>) {
     loop {
         let mut buf = vec![0u8; 64 * 1024];
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 buf.truncate(n);
-                if tx.send(Event::Out(buf)).is_err() {
+                if tx.send(Heard::Out(buf)).is_err() {
                     return;
                 }
             }
         }
     }
-    let _ = tx.send(Event::OutEnd);
+    let _ = tx.send(Heard::OutEnd);
 }
 
 /// Feeds stdout to `sink` until the process has exited and its stdout has
 /// ended: `(exit status, stopped by sink)`, or `None` when the deadline
 /// came first (the group is then killed, and reaped).
 fn drive(
-    rx: &mpsc::Receiver<Event>,
+    rx: &mpsc::Receiver<Heard>,
     deadline: Instant,
     sink: &mut dyn FnMut(&[u8]) -> Flow,
     kill: &dyn Fn(),
@@ -240,20 +240,20 @@ fn drive(
             left
         };
         match rx.recv_timeout(left) {
-            Ok(Event::Out(chunk)) => {
+            Ok(Heard::Out(chunk)) => {
                 if !stopped && sink(&chunk) == Flow::Stop {
                     stopped = true;
                     kill();
                 }
             }
-            Ok(Event::OutEnd) => open = false,
-            Ok(Event::Exited(s)) => status = Some(s),
+            Ok(Heard::OutEnd) => open = false,
+            Ok(Heard::Exited(s)) => status = Some(s),
             Err(_) if status.is_some() => break,
             Err(_) => {
                 kill();
                 // Reaped by the waiter: wait for it so no zombie is left.
                 while let Ok(ev) = rx.recv() {
-                    if matches!(ev, Event::Exited(_)) {
+                    if matches!(ev, Heard::Exited(_)) {
                         break;
                     }
                 }
