@@ -403,13 +403,13 @@ struct Watched {
 
 /// What the watch keeps while it runs.
 #[derive(Default)]
-struct Watched {
+struct Tally {
     renewals: u64,
     exited: Option<ExitStatus>,
     last_signal: Option<libc::c_int>,
 }
 
-impl Watched {
+impl Tally {
     fn ended(self, end: End) -> Watched {
         Watched {
             end,
@@ -428,7 +428,7 @@ fn watch(
     renewer: &mut Renewer,
     tree: &mut CmdTree,
 ) -> Watched {
-    let mut seen = Watched::default();
+    let mut seen = Tally::default();
     loop {
         let now = lease_clock();
         if now >= renewer.stop_at() {
@@ -509,7 +509,7 @@ fn on_renewal(
     result: Result<Renew>,
     renewer: &mut Renewer,
     tree: &mut CmdTree,
-    seen: &mut Watched,
+    seen: &mut Tally,
 ) -> Option<End> {
     let exited = seen.exited;
     match result {
