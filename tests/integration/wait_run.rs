@@ -35,24 +35,24 @@ fn command(cmd: impl Into<Cmd>) -> Command {
     run_command(cmd, false)
 }
 
-/// Starts `cmd` with stdin closed and stdout/stderr captured.
-fn spawn(cmd: impl Into<Cmd>) -> Child {
+/// Starts `cmd` with stdin closed and stdout/stderr both set by `out`.
+fn start(cmd: impl Into<Cmd>, out: fn() -> Stdio) -> Child {
     command(cmd)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(out())
+        .stderr(out())
         .spawn()
         .expect("binary starts")
 }
 
+/// Starts `cmd` with stdout/stderr captured.
+fn spawn(cmd: impl Into<Cmd>) -> Child {
+    start(cmd, Stdio::piped)
+}
+
 /// Starts `cmd` with nothing captured (its wrapper is to be SIGKILLed).
 fn spawn_quiet(cmd: impl Into<Cmd>) -> Child {
-    command(cmd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    start(cmd, Stdio::null)
 }
 
 fn pid_of(child: &Child) -> i32 {
