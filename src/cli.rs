@@ -177,6 +177,26 @@ struct HistoryArgs {
     limit: OsString,
 }
 
+#[derive(Debug, Args)]
+struct DoctorArgs {
+    /// Also name this skill's lock (needs --repo).
+    #[arg(requires = "repo")]
+    skill: Option<OsString>,
+    /// The repository of that lock (needs a skill).
+    #[arg(long, value_name = "OWNER/NAME", requires = "skill")]
+    repo: Option<OsString>,
+    /// Print the report for a person instead of one JSON object.
+    #[arg(long)]
+    text: bool,
+}
+
+const DOCTOR_HELP: &str = "\
+Read-only. Names the project root and the rule of SPEC §5 that chose it, the personal
+layer, your configuration file, the store and where that choice came from (--store,
+SKILL_LOCK_STORE, a line of the configuration file, or the default), whether the store
+answers (with a lock named), and every refusal a command here would meet, with its fix.
+Exit 0 when nothing is refused, else 2.";
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Take the lock when it is free or stale; prints the token.
@@ -197,6 +217,9 @@ enum Command {
     Run(RunArgs),
     /// Show the newest lock events, oldest first (read-only).
     History(HistoryArgs),
+    /// Say where the root, the layer, the configuration and the store are, and why.
+    #[command(after_help = DOCTOR_HELP)]
+    Doctor(DoctorArgs),
     /// Print the completion script for SHELL on stdout.
     Completions {
         /// The shell.
@@ -317,7 +340,9 @@ impl Command {
             Self::Release(a) => &a.lock,
             Self::Status(a) => a,
             Self::Check(a) => &a.lock,
-            Self::List | Self::History(_) | Self::Completions { .. } => return None,
+            Self::List | Self::History(_) | Self::Doctor(_) | Self::Completions { .. } => {
+                return None;
+            }
         };
         Some((
             lock.skill.to_string_lossy().into_owned(),
@@ -376,8 +401,8 @@ impl Command {
                 let (key, limit) = a.validate()?;
                 Action::History { key, limit }
             }
-            Self::Completions { .. } => {
-                return Err(Error::Internal("completions is not a lock command".into()));
+            Self::Completions { .. } | Self::Doctor(_) => {
+                return Err(Error::Internal("not a lock command".into()));
             }
         })
     }
@@ -499,6 +524,22 @@ where
         Ok(env) => env,
         Err(err) => return Report::error(&err, None).emit(channel),
     };
+    if let Command::Doctor(a) = cli.command {
+        let key = match (a.skill, a.repo) {
+            (Some(skill), Some(repo)) => match key_of(&LockArgs { skill, repo }) {
+                Ok(key) => Some(key),
+                Err(err) => return Report::error(&err, None).emit(channel),
+            },
+            _ => None,
+        };
+        let req = crate::doctor::Request {
+            key,
+            root: cli.root,
+            store: cli.store,
+            text: a.text,
+        };
+        return crate::doctor::run(&req, &env);
+    }
     if matches!(cli.command, Command::Run(_)) {
         crate::run::prepare();
     }
