@@ -359,11 +359,15 @@ fn from_url(
     if let StoreSpec::Git(config) = &mut spec
         && config.names_a_remote()
     {
-        let found = root::discover(root_flag, cwd, &env.user)?;
-        let layer = layer::resolve(&found.dir)?;
-        config.git_dir = layer.git_dir;
-        config.checkout.clone_from(&found.dir);
-        root = Some(found.dir);
+        // No checkout of layer rule 1 here: the name resolves nowhere, and
+        // opening the store says so (`usage`), never trying it as a path.
+        if let Ok(found) = root::discover(root_flag, cwd, &env.user)
+            && let Ok(layer) = layer::resolve(&found.dir)
+        {
+            config.git_dir = layer.git_dir;
+            config.checkout.clone_from(&found.dir);
+            root = Some(found.dir);
+        }
     }
     Ok(StoreChoice {
         spec,
@@ -526,7 +530,16 @@ fn legacy_layer(
     let Ok(root) = root::discover(root_flag, cwd, user) else {
         return Vec::new();
     };
+    // Where R has no version control, the original's folder is P itself
+    // (layer rule 4): this tool's own locks, not a legacy.
+    let is_p = |o: &PathBuf| {
+        *o == root.dir
+            && ![root::GIT, root::SVN]
+                .iter()
+                .any(|m| std::fs::symlink_metadata(o.join(m)).is_ok())
+    };
     root.original
+        .filter(|o| !is_p(o))
         .filter(|o| std::fs::symlink_metadata(o.join(layer::LOCAL_DIR).join("run")).is_ok())
         .map(|o| Location::new(&o, &[layer::LOCAL_DIR]))
         .into_iter()

@@ -16,7 +16,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::root::{GIT, SVN};
+
+/// A git checkout's marker: a directory, or a file naming one (`gitdir:`).
+pub(crate) const GIT: &str = ".git";
+/// An svn working copy's top (svn 1.7 and later keep one, at the top).
+pub(crate) const SVN: &str = ".svn";
 
 /// The folder, in a working tree, that the original tool used as an adopted
 /// project's personal layer (and rule 4 still does).

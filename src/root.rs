@@ -21,12 +21,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::layer::{common_dir_of, git_dir_of};
 use crate::ownership::User;
 
-/// The version-control markers and the adoption marker.
-pub(crate) const GIT: &str = ".git";
-/// An svn working copy's top (svn 1.7 and later keep one, at the top).
-pub(crate) const SVN: &str = ".svn";
+pub(crate) use crate::layer::{GIT, SVN};
 /// The marker of an adopted project that is no checkout.
 pub(crate) const ADOPTED: &str = ".apache-magpie.lock";
 
@@ -132,7 +130,8 @@ pub(crate) fn discover(explicit: Option<&Path>, cwd: &Path, user: &User) -> Resu
     }
     Err(Error::NoRoot(format!(
         "no project root above {}: no directory of yours on the way up holds .git, .svn or \
-         .apache-magpie.lock; run inside a checkout or pass --root DIR \
+         .apache-magpie.lock (the walk stops at a directory another user owns); run inside a \
+         checkout of your own, pass --root DIR, or name a store with --store \
          (`skill-lock doctor` says what it found)",
         cwd.display()
     )))
@@ -192,13 +191,10 @@ fn checkout(walk: &[(PathBuf, Marks)]) -> Option<PathBuf> {
 /// its git directory lie below `C/modules/`, C being `outer`'s common git
 /// directory? Anything unreadable is no submodule.
 fn is_submodule(dir: &Path, outer: &Path) -> bool {
-    let (Ok(Some(g)), Ok(Some(outer_g))) = (
-        crate::layer::git_dir_of(dir),
-        crate::layer::git_dir_of(outer),
-    ) else {
+    let (Ok(Some(g)), Ok(Some(outer_g))) = (git_dir_of(dir), git_dir_of(outer)) else {
         return false;
     };
-    let common = crate::layer::common_dir_of(&outer_g).unwrap_or(outer_g);
+    let common = common_dir_of(&outer_g).unwrap_or(outer_g);
     match (
         std::fs::canonicalize(&g),
         std::fs::canonicalize(common.join("modules")),
