@@ -460,6 +460,12 @@ pub(crate) fn choose_store(
             None => None,
         }
     };
+    // `store = "file"` in the configuration file: the personal layer's file
+    // store, chosen by the user (so a tree's skill-lock.toml is ignored).
+    let (chosen, user_chose) = match chosen {
+        Some((url, StoreSource::ConfigFile, _)) if url == "file" => (None, true),
+        other => (other, false),
+    };
     if let Some((url, source, line)) = chosen {
         let mut choice = from_url(&url, cwd, source, root_flag, env).map_err(|e| match &line {
             Some(line) => match e {
@@ -474,7 +480,7 @@ pub(crate) fn choose_store(
     }
     let root = root::discover(root_flag, cwd, user)?;
     let layer = layer::resolve(&root.dir)?;
-    if let Some(found) = layer.planted_config(root.original.as_deref()) {
+    if !user_chose && let Some(found) = layer.planted_config(root.original.as_deref()) {
         return Err(planted_config(&found, env));
     }
     let location = Location::new(&layer.anchor, layer.below);

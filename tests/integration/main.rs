@@ -42,6 +42,7 @@ mod git_store;
 mod history;
 mod hostile;
 mod hostile_clone;
+mod hostile_trees;
 mod interleavings;
 mod linearizable;
 mod races;
