@@ -693,3 +693,85 @@ fn the_users_configuration_file_chooses_the_store_for_every_clone() {
     let m = at(&a, REPO).op("status").run().error_message("usage");
     assert!(m.contains("relative"), "{m}");
 }
+
+/// SPEC §2.10: `doctor` names the root and its rule, the layer, the
+/// configuration file and the store's origin (exit 0); with a refusal (a
+/// tree's `skill-lock.toml`, a configuration file others can write) it
+/// lists each with its fix and exits 2; `--text` says the same for a person.
+#[test]
+fn doctor_says_where_things_are_and_why() {
+    let w = World::new();
+    let origin = w.origin("origin", &[("src/lib.rs", "\n")]);
+    let clone = w.clone(&origin, "clone", &[]);
+    let doctor = |args: &[&str], env: &[(&str, &Path)]| {
+        let mut cmd = crate::harness::Cmd::new(&clone.join("src"))
+            .arg("doctor")
+            .args(args);
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let out = cmd.run();
+        let v: serde_json::Value = serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("one JSON object ({e}): {}", out.stdout));
+        (out.code, v)
+    };
+    let (code, v) = doctor(&[SKILL, "--repo", REPO], &[]);
+    assert_eq!(
+        (code, &v["result"], &v["ok"]),
+        (0, &"doctor".into(), &true.into()),
+        "{v}"
+    );
+    assert_eq!(v["root"]["path"], clone.to_str().unwrap(), "{v}");
+    assert!(
+        v["root"]["rule"].as_str().unwrap().contains("root rule 1"),
+        "{v}"
+    );
+    assert_eq!(
+        v["layer"]["path"],
+        clone.join(".git/apache-magpie").to_str().unwrap(),
+        "{v}"
+    );
+    assert!(
+        v["store"]["from"].as_str().unwrap().contains("default"),
+        "{v}"
+    );
+    assert!(
+        v["store"]["lock"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("{NAME}.lock")),
+        "{v}"
+    );
+    assert_eq!(v["store"]["answers"], true, "{v}");
+    // The user's configuration file: which line chose the store.
+    let config = w.path("cfg/skill-lock.toml");
+    let shared = w.env.dir("shared");
+    write(
+        &config,
+        &format!("[repos]\n\"apache/*\" = \"file:{}\"\n", shared.display()),
+    );
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, v) = doctor(&[SKILL, "--repo", REPO], &[("SKILL_LOCK_CONFIG", &config)]);
+    assert_eq!(code, 0, "{v}");
+    let from = v["store"]["from"].as_str().unwrap();
+    assert!(from.contains("line 2") && from.contains("apache/*"), "{v}");
+    // Refusals: a tree's skill-lock.toml, a configuration file others can write.
+    let planted = clone.join(".git/apache-magpie/skill-lock.toml");
+    write(&planted, "store = \"etcd://127.0.0.1:9\"\n");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (code, v) = doctor(&[], &[("SKILL_LOCK_CONFIG", &config)]);
+    assert_eq!((code, &v["ok"]), (2, &false.into()), "{v}");
+    let refusals = v["refusals"].to_string();
+    assert!(refusals.contains(planted.to_str().unwrap()), "{v}");
+    assert!(refusals.contains("chmod go-w"), "{v}");
+    // For a person.
+    let out = crate::harness::Cmd::new(&clone)
+        .args(["doctor", "--text"])
+        .run();
+    assert!(
+        out.stdout.contains("root:") && out.stdout.contains("refused"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(out.code, 2);
+}
