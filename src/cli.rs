@@ -65,10 +65,10 @@ Read-only. `renew --token T` checks the same and extends the lease: the block us
 #[derive(Debug, Parser)]
 #[command(name = "skill-lock", version, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
-    /// Project root (default: nearest ancestor holding .git, .svn or .apache-magpie.lock).
+    /// Project root (default: the nearest checkout of yours above the current directory; `skill-lock doctor` shows which and why).
     #[arg(long, global = true, value_name = "DIR")]
     root: Option<PathBuf>,
-    /// Lock store: git:REMOTE[#NAMESPACE] (e.g. git:origin), etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR (default: the personal layer).
+    /// Lock store: git:REMOTE[#NAMESPACE] (e.g. git:origin), etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR (default: SKILL_LOCK_STORE, else ~/.config/apache-magpie/skill-lock.toml, else the personal layer).
     #[arg(long, global = true, value_name = "URL")]
     store: Option<OsString>,
     #[command(subcommand)]
