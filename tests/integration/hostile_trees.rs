@@ -775,3 +775,90 @@ fn doctor_says_where_things_are_and_why() {
     );
     assert_eq!(out.code, 2);
 }
+
+/// SPEC §5: every layout git users have keeps working under the rules a
+/// tree cannot turn: a linked worktree kept inside the main checkout shares
+/// its lock; the `.bare` + `.git` file pattern and its worktrees share one;
+/// a clone inside another repository's ignored folder is its own project; a
+/// home directory under git does not swallow the clones inside it.
+#[test]
+fn every_layout_git_users_have_keeps_working() {
+    let w = World::new();
+    let origin = w.origin(
+        "origin",
+        &[("src/lib.rs", "\n"), (".gitignore", "vendor/\n")],
+    );
+    // A worktree kept inside the main checkout.
+    let main = w.clone(&origin, "main", &[]);
+    let inner = main.join(".worktrees/wt");
+    w.git(
+        &main,
+        &["worktree", "add", "-q", "-b", "wt", inner.to_str().unwrap()],
+    );
+    contend(
+        &[main.clone(), inner.clone(), inner.join("src")],
+        &main.join(".git/apache-magpie"),
+    );
+    // The `.bare` + `.git` file pattern.
+    let proj = w.env.dir("proj");
+    w.git(
+        &proj,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            &format!("file://{}", origin.display()),
+            ".bare",
+        ],
+    );
+    write(&proj.join(".git"), "gitdir: ./.bare\n");
+    let wt = proj.join("main");
+    w.git(&proj, &["worktree", "add", "-q", wt.to_str().unwrap()]);
+    contend(
+        &[proj.clone(), wt.clone(), wt.join("src")],
+        &proj.join(".bare/apache-magpie"),
+    );
+    // A clone inside another repository's ignored folder: its own project.
+    let vendored = main.join("vendor/dep");
+    w.git(
+        &main,
+        &[
+            "clone",
+            "-q",
+            &format!("file://{}", origin.display()),
+            "vendor/dep",
+        ],
+    );
+    contend(
+        &[vendored.clone(), vendored.join("src")],
+        &vendored.join(".git/apache-magpie"),
+    );
+    // A home directory under git, with a clone inside.
+    let home = w.env.dir("home-under-git");
+    w.git(&home, &["init", "-q"]);
+    let work = home.join("src/work");
+    std::fs::create_dir_all(home.join("src")).unwrap();
+    w.git(
+        &home.join("src"),
+        &[
+            "clone",
+            "-q",
+            &format!("file://{}", origin.display()),
+            "work",
+        ],
+    );
+    contend(
+        &[work.clone(), work.join("src")],
+        &work.join(".git/apache-magpie"),
+    );
+    let dotfiles = Lock::new(&home, SKILL, REPO);
+    match dotfiles.acquire() {
+        Reply::Acquired { lock, .. } => {
+            assert!(
+                Path::new(&lock).starts_with(home.join(".git/apache-magpie")),
+                "{lock}"
+            )
+        }
+        other => panic!("the home checkout: {other:?}"),
+    }
+}
