@@ -23,6 +23,11 @@ use crate::hostile_clone::{
     every_command, outside, real_state, snapshot, with, within, write,
 };
 
+/// What one case plants in a tree.
+type Plant<'a> = &'a dyn Fn(&Path);
+/// The same, owned.
+type Planter<'a> = Box<dyn Fn(&Path) + 'a>;
+
 /// Runs `prog args` in `dir`; panics with its stderr when it fails.
 #[track_caller]
 fn sh(dir: &Path, prog: &str, args: &[&str]) -> String {
@@ -238,7 +243,7 @@ fn archives_carrying_git_and_svn_run_nothing() {
     let hooked = w.path("hooked.git");
     bare_repo_with_hooks(&w, &hooked, &marker);
     let config = format!("store = \"git:{}\"\n", hooked.display());
-    let cases: [(&str, &dyn Fn(&Path)); 4] = [
+    let cases: [(&str, Plant<'_>); 4] = [
         ("git-config", &|c: &Path| {
             fake_git_dir(&c.join(".git"), "[core]\n\tbare = false\n");
             write(&c.join(".git/apache-magpie/skill-lock.toml"), &config);
@@ -473,7 +478,7 @@ fn legacy_state_in_any_shape_blocks_nothing_beyond_a_live_lease() {
             ("owner_pgid", pgid.into()),
         ],
     );
-    let shapes: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+    let shapes: Vec<(&str, Planter<'_>)> = vec![
         (
             "link",
             Box::new(|c: &Path| {
