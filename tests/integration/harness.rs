@@ -10,6 +10,8 @@ use std::process::{Command, Stdio};
 pub use serde_json::Value;
 
 pub mod chaos;
+/// `doctor`'s object, typed.
+pub mod doctor;
 /// What `etcdctl` says about a cluster, asked by name.
 pub mod etcdctl;
 pub mod gitd;

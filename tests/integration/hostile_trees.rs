@@ -705,10 +705,11 @@ fn the_users_configuration_file_chooses_the_store_for_every_clone() {
 /// lists each with its fix and exits 2; `--text` says the same for a person.
 #[test]
 fn doctor_says_where_things_are_and_why() {
+    use crate::harness::doctor::doctor;
     let w = World::new();
     let origin = w.origin("origin", &[("src/lib.rs", "\n")]);
     let clone = w.clone(&origin, "clone", &[]);
-    let doctor = |args: &[&str], env: &[(&str, &Path)]| {
+    let run = |args: &[&str], env: &[(&str, &Path)]| {
         let mut cmd = crate::harness::Cmd::new(&clone.join("src"))
             .arg("doctor")
             .args(args);
@@ -716,38 +717,29 @@ fn doctor_says_where_things_are_and_why() {
             cmd = cmd.env(k, v);
         }
         let out = cmd.run();
-        let v: serde_json::Value = serde_json::from_str(out.stdout.trim())
-            .unwrap_or_else(|e| panic!("one JSON object ({e}): {}", out.stdout));
-        (out.code, v)
+        (out.code, doctor(&out))
     };
-    let (code, v) = doctor(&[SKILL, "--repo", REPO], &[]);
+    let (code, d) = run(&[SKILL, "--repo", REPO], &[]);
     assert_eq!(
-        (code, &v["result"], &v["ok"]),
-        (0, &"doctor".into(), &true.into()),
-        "{v}"
+        (code, d.result.as_str(), d.ok),
+        (0, "doctor", true),
+        "{d:?}"
     );
-    assert_eq!(v["root"]["path"], clone.to_str().unwrap(), "{v}");
-    assert!(
-        v["root"]["rule"].as_str().unwrap().contains("root rule 1"),
-        "{v}"
-    );
+    let root = d.root.as_ref().unwrap();
+    assert_eq!(root.path, clone.to_str().unwrap(), "{d:?}");
+    assert!(root.rule.contains("root rule 1"), "{d:?}");
+    let layer = d.layer.as_ref().unwrap();
     assert_eq!(
-        v["layer"]["path"],
-        clone.join(".git/apache-magpie").to_str().unwrap(),
-        "{v}"
+        layer.path,
+        clone.join(".git/apache-magpie").to_str().unwrap()
     );
-    assert!(
-        v["store"]["from"].as_str().unwrap().contains("default"),
-        "{v}"
-    );
-    assert!(
-        v["store"]["lock"]
-            .as_str()
-            .unwrap()
-            .ends_with(&format!("{NAME}.lock")),
-        "{v}"
-    );
-    assert_eq!(v["store"]["answers"], true, "{v}");
+    assert!(layer.rule.contains("layer rule 1"), "{d:?}");
+    let store = d.store.as_ref().unwrap();
+    assert!(store.from.contains("default"), "{d:?}");
+    assert!(store.url.is_some(), "{d:?}");
+    let lock = store.lock.as_deref().unwrap_or_default();
+    assert!(lock.ends_with(&format!("{NAME}.lock")), "{d:?}");
+    assert_eq!(store.answers, Some(true), "{d:?}");
     // The user's configuration file: which line chose the store.
     let config = w.path("cfg/skill-lock.toml");
     let shared = w.env.dir("shared");
@@ -756,19 +748,22 @@ fn doctor_says_where_things_are_and_why() {
         &format!("[repos]\n\"apache/*\" = \"file:{}\"\n", shared.display()),
     );
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let (code, v) = doctor(&[SKILL, "--repo", REPO], &[("SKILL_LOCK_CONFIG", &config)]);
-    assert_eq!(code, 0, "{v}");
-    let from = v["store"]["from"].as_str().unwrap();
-    assert!(from.contains("line 2") && from.contains("apache/*"), "{v}");
+    let (code, d) = run(&[SKILL, "--repo", REPO], &[("SKILL_LOCK_CONFIG", &config)]);
+    assert_eq!(code, 0, "{d:?}");
+    let from = &d.store.as_ref().unwrap().from;
+    assert!(
+        from.contains("line 2") && from.contains("apache/*"),
+        "{d:?}"
+    );
     // Refusals: a tree's skill-lock.toml, a configuration file others can write.
     let planted = clone.join(".git/apache-magpie/skill-lock.toml");
     write(&planted, "store = \"etcd://127.0.0.1:9\"\n");
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let (code, v) = doctor(&[], &[("SKILL_LOCK_CONFIG", &config)]);
-    assert_eq!((code, &v["ok"]), (2, &false.into()), "{v}");
-    let refusals = v["refusals"].to_string();
-    assert!(refusals.contains(planted.to_str().unwrap()), "{v}");
-    assert!(refusals.contains("chmod go-w"), "{v}");
+    let (code, d) = run(&[], &[("SKILL_LOCK_CONFIG", &config)]);
+    assert_eq!((code, d.ok), (2, false), "{d:?}");
+    let refused = d.refused();
+    assert!(refused.contains(planted.to_str().unwrap()), "{refused}");
+    assert!(refused.contains("chmod go-w"), "{refused}");
     // For a person.
     let out = crate::harness::Cmd::new(&clone)
         .args(["doctor", "--text"])
