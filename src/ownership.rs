@@ -9,6 +9,28 @@
 
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The user sudo ran this process for (`SUDO_UID`, `SUDO_GID`), noted once
+/// by [`note_sudo`] when the environment is read: the layer checks count
+/// what that user owns as the invoking user's, and what the tool creates
+/// belongs to that user (SPEC §5).
+static SUDO: OnceLock<Option<(u32, u32)>> = OnceLock::new();
+
+/// Notes `SUDO_UID` and `SUDO_GID` as the environment gave them.
+pub(crate) fn note_sudo(uid: Option<&str>, gid: Option<&str>) {
+    let parse = |v: Option<&str>| v.and_then(|s| s.trim().parse::<u32>().ok());
+    let _ = SUDO.set(parse(uid).map(|u| (u, parse(gid).unwrap_or(u))));
+}
+
+/// The (uid, gid) of the user sudo ran a root process for; `None` unless
+/// this process runs as root under sudo.
+pub(crate) fn sudo_owner() -> Option<(u32, u32)> {
+    if !sys::is_root() {
+        return None;
+    }
+    SUDO.get().copied().flatten().filter(|(u, _)| *u != 0)
+}
 
 /// The invoking user, and git's `safe.directory` list, read at most once.
 #[derive(Debug, Default, Clone)]
@@ -119,6 +141,10 @@ mod sys {
         let me = euid();
         meta.uid() == me || (me == 0 && sudo_uid == Some(meta.uid()))
     }
+
+    pub(super) fn is_root() -> bool {
+        euid() == 0
+    }
 }
 
 #[cfg(windows)]
@@ -127,6 +153,11 @@ mod sys {
     /// opened by handle and its owner checked there (docs/platforms.md).
     pub(super) fn owner_is(_meta: &std::fs::Metadata, _sudo_uid: Option<u32>) -> bool {
         true
+    }
+
+    /// There is no sudo's root to act for on Windows.
+    pub(super) fn is_root() -> bool {
+        false
     }
 }
 

@@ -862,3 +862,51 @@ fn every_layout_git_users_have_keeps_working() {
         other => panic!("the home checkout: {other:?}"),
     }
 }
+
+/// SPEC §5: as root under `sudo`, the user in `SUDO_UID` is the invoking
+/// user: their checkout is a project, their layer passes the checks, and
+/// what the tool creates belongs to them (their own later runs can use it).
+/// Without `SUDO_UID`, root finds no project in another user's checkout.
+/// Needs root; says SKIPPED otherwise.
+#[test]
+fn under_sudo_the_invoking_users_checkout_and_files_are_theirs() {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED under_sudo_the_invoking_users_checkout_and_files_are_theirs: needs root");
+        return;
+    }
+    let w = World::new();
+    let nobody: u32 = 65534;
+    let top = w.env.dir("alice");
+    let co = top.join("co");
+    std::fs::create_dir_all(&co).unwrap();
+    w.git(&co, &["init", "-q"]);
+    sh(
+        &w.env.root,
+        "chown",
+        &["-R", &format!("{nobody}:{nobody}"), top.to_str().unwrap()],
+    );
+    std::os::unix::fs::chown(&w.env.root, Some(nobody), Some(nobody)).unwrap();
+    let lock = Lock::new(&co, SKILL, REPO);
+    lock.op("acquire").run().expect_error("no_root");
+    let as_sudo = Lock::new(&co, SKILL, REPO)
+        .with_env("SUDO_UID", nobody.to_string())
+        .with_env("SUDO_GID", nobody.to_string());
+    let token = match as_sudo.acquire() {
+        Reply::Acquired { token, lock, .. } => {
+            let meta = std::fs::metadata(Path::new(&lock).join("owner.json")).unwrap();
+            assert_eq!(meta.uid(), nobody, "the record belongs to the sudo user");
+            let p = co.join(".git/apache-magpie");
+            assert_eq!(
+                std::fs::metadata(&p).unwrap().uid(),
+                nobody,
+                "the layer too"
+            );
+            token
+        }
+        other => panic!("under sudo: {other:?}"),
+    };
+    assert!(matches!(as_sudo.release(&token), Reply::Released { .. }));
+    std::os::unix::fs::chown(&w.env.root, Some(0), Some(0)).unwrap();
+}

@@ -111,7 +111,9 @@ pub(super) fn check_owner(h: Handle<'_>, path: &Path) -> Result<()> {
     let st = fstat(h).map_err(|e| Error::io("stat", path, e))?;
     let me = uid();
     let quoted = quote(&path.display().to_string());
-    if st.st_uid != me {
+    // Under sudo, what the invoking user owns is theirs (SPEC §5).
+    let sudo_user = crate::ownership::sudo_owner().map(|(u, _)| u);
+    if st.st_uid != me && Some(st.st_uid) != sudo_user {
         return Err(untrusted(
             path,
             format!(
@@ -150,13 +152,31 @@ pub(super) fn open_anchor(path: &Path) -> std::result::Result<Owned, Failed> {
     }
 }
 
+/// Under sudo, gives what the tool just created to the user sudo ran it
+/// for (SPEC §5), so that their own later runs can use it.
+fn give_to_invoker(fd: Handle<'_>) -> std::result::Result<(), Failed> {
+    match crate::ownership::sudo_owner() {
+        Some((u, g)) => rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(u)),
+            Some(rustix::fs::Gid::from_raw(g)),
+        )
+        .map_err(os),
+        None => Ok(()),
+    }
+}
+
 /// Creates directory `path` (0700), parents too.
 pub(super) fn create_dir_all(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(path)
+        .create(path)?;
+    if let Some((u, g)) = crate::ownership::sudo_owner() {
+        std::os::unix::fs::chown(path, Some(u), Some(g))?;
+    }
+    Ok(())
 }
 
 pub(super) fn fstat(h: Handle<'_>) -> std::io::Result<Stat> {
@@ -175,6 +195,10 @@ pub(super) fn stat_at(h: Handle<'_>, name: &OsStr) -> std::io::Result<Option<Sta
 /// Creates directory `name` (0700) in `h`.
 pub(super) fn mkdir_at(h: Handle<'_>, name: &OsStr) -> std::result::Result<(), Failed> {
     match rustix::fs::mkdirat(h, name, Mode::RWXU) {
+        Ok(()) if crate::ownership::sudo_owner().is_some() => {
+            let made = open_dir(h, name)?;
+            give_to_invoker(made.as_fd())
+        }
         Ok(()) => Ok(()),
         Err(e) if e == Errno::EXIST => Err(Failed::Exists),
         Err(e) => Err(os(e)),
@@ -216,6 +240,9 @@ pub(super) fn open_file(
         Err(e) if e == Errno::ISDIR || e == Errno::NXIO => return Err(Failed::WrongType(None)),
         Err(e) => return Err(os(e)),
     };
+    if how != Open::Read {
+        give_to_invoker(fd.as_fd())?;
+    }
     let st = rustix::fs::fstat(&fd).map_err(os)?;
     Ok((fd, st))
 }
@@ -253,7 +280,10 @@ pub(super) fn create_file(h: Handle<'_>, name: &OsStr) -> std::result::Result<Ow
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::RUSR | Mode::WUSR,
     ) {
-        Ok(fd) => Ok(fd),
+        Ok(fd) => {
+            give_to_invoker(fd.as_fd())?;
+            Ok(fd)
+        }
         Err(e) if e == Errno::EXIST => Err(Failed::Exists),
         Err(e) => Err(os(e)),
     }
