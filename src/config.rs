@@ -67,8 +67,8 @@ impl Environment {
             std::env::current_dir().map_err(|e| Error::io("read", "the current directory", e))?;
         let get = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         let sudo_uid = get("SUDO_UID").and_then(|v| v.into_string().ok());
-        let sudo_gid = get("SUDO_GID").and_then(|v| v.into_string().ok());
-        crate::ownership::note_sudo(sudo_uid.as_deref(), sudo_gid.as_deref());
+        let sudo_group = get("SUDO_GID").and_then(|v| v.into_string().ok());
+        crate::ownership::note_sudo(sudo_uid.as_deref(), sudo_group.as_deref());
         Ok(Self {
             user: crate::ownership::User::new(sudo_uid.as_deref()),
             config: crate::user_config::Inputs {
