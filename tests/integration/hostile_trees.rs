@@ -819,38 +819,21 @@ fn every_layout_git_users_have_keeps_working() {
         &proj.join(".bare/apache-magpie"),
     );
     // A clone inside another repository's ignored folder: its own project.
-    let vendored = main.join("vendor/dep");
-    w.git(
-        &main,
-        &[
-            "clone",
-            "-q",
-            &format!("file://{}", origin.display()),
-            "vendor/dep",
-        ],
-    );
-    contend(
-        &[vendored.clone(), vendored.join("src")],
-        &vendored.join(".git/apache-magpie"),
-    );
+    let url = format!("file://{}", origin.display());
+    let own_project = |parent: &Path, rel: &str| {
+        w.git(parent, &["clone", "-q", &url, rel]);
+        let dir = parent.join(rel);
+        contend(
+            &[dir.clone(), dir.join("src")],
+            &dir.join(".git/apache-magpie"),
+        );
+    };
+    own_project(&main, "vendor/dep");
     // A home directory under git, with a clone inside.
     let home = w.env.dir("home-under-git");
     w.git(&home, &["init", "-q"]);
-    let work = home.join("src/work");
     std::fs::create_dir_all(home.join("src")).unwrap();
-    w.git(
-        &home.join("src"),
-        &[
-            "clone",
-            "-q",
-            &format!("file://{}", origin.display()),
-            "work",
-        ],
-    );
-    contend(
-        &[work.clone(), work.join("src")],
-        &work.join(".git/apache-magpie"),
-    );
+    own_project(&home.join("src"), "work");
     let dotfiles = Lock::new(&home, SKILL, REPO);
     match dotfiles.acquire() {
         Reply::Acquired { lock, .. } => {
