@@ -445,7 +445,6 @@ pub(crate) fn choose_store(
     };
     let cwd = &env.cwd;
     let user = &env.user;
-    let legacy = || legacy_layer(root_flag, cwd, user);
     let chosen = if let Some(url) = flag {
         Some((text(url, "--store")?, StoreSource::Flag, None))
     } else if let Some(url) = &env.store {
@@ -477,7 +476,7 @@ pub(crate) fn choose_store(
             None => e,
         })?;
         choice.origin = line;
-        choice.legacy = legacy();
+        choice.legacy = legacy_layer(root::discover(root_flag, cwd, user).ok().as_ref());
         return Ok(choice);
     }
     let root = root::discover(root_flag, cwd, user)?;
@@ -486,12 +485,13 @@ pub(crate) fn choose_store(
         return Err(planted_config(&found, env));
     }
     let location = Location::new(&layer.anchor, layer.below);
+    let legacy = legacy_layer(Some(&root));
     Ok(StoreChoice {
         spec: StoreSpec::File(location),
         source: StoreSource::Default,
         url: None,
         root: Some(root.dir),
-        legacy: legacy(),
+        legacy,
         origin: None,
     })
 }
@@ -530,12 +530,8 @@ fn planted_config(found: &Path, env: &Environment) -> Error {
 /// same start (SPEC §5 "Upgrading from the original tool"): the
 /// `.apache-magpie-local/` of the nearest directory holding any marker,
 /// when it has a `run` there. Read only by `acquire`, `run` and `list`.
-fn legacy_layer(
-    root_flag: Option<&Path>,
-    cwd: &Path,
-    user: &crate::ownership::User,
-) -> Vec<Location> {
-    let Ok(root) = root::discover(root_flag, cwd, user) else {
+fn legacy_layer(root: Option<&root::Root>) -> Vec<Location> {
+    let Some(root) = root else {
         return Vec::new();
     };
     // Where R has no version control, the original's folder is P itself
@@ -547,6 +543,7 @@ fn legacy_layer(
                 .any(|m| std::fs::symlink_metadata(o.join(m)).is_ok())
     };
     root.original
+        .clone()
         .filter(|o| !is_p(o))
         .filter(|o| std::fs::symlink_metadata(o.join(layer::LOCAL_DIR).join("run")).is_ok())
         .map(|o| Location::new(&o, &[layer::LOCAL_DIR]))
