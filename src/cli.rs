@@ -197,6 +197,8 @@ enum Command {
     Run(RunArgs),
     /// Show the newest lock events, oldest first (read-only).
     History(HistoryArgs),
+    /// Serve the lock as MCP tools on stdin/stdout, for one agent session (SPEC §2.9).
+    Mcp,
     /// Print the completion script for SHELL on stdout.
     Completions {
         /// The shell.
@@ -257,7 +259,12 @@ fn wait_of(w: &OsString) -> Result<Duration> {
 }
 
 fn since_of(v: &OsString) -> Result<u64> {
-    let text = v.to_string_lossy();
+    parse_since(&v.to_string_lossy())
+}
+
+/// The fence of `--since` (and of the MCP tool's `since`): a whole number,
+/// `null` standing for 0 (what `status` shows when it knows no fence).
+pub(crate) fn parse_since(text: &str) -> Result<u64> {
     if text == "null" {
         return Ok(0);
     }
@@ -317,7 +324,7 @@ impl Command {
             Self::Release(a) => &a.lock,
             Self::Status(a) => a,
             Self::Check(a) => &a.lock,
-            Self::List | Self::History(_) | Self::Completions { .. } => return None,
+            Self::List | Self::History(_) | Self::Mcp | Self::Completions { .. } => return None,
         };
         Some((
             lock.skill.to_string_lossy().into_owned(),
@@ -376,8 +383,10 @@ impl Command {
                 let (key, limit) = a.validate()?;
                 Action::History { key, limit }
             }
-            Self::Completions { .. } => {
-                return Err(Error::Internal("completions is not a lock command".into()));
+            Self::Completions { .. } | Self::Mcp => {
+                return Err(Error::Internal(
+                    "completions and mcp are not lock commands".into(),
+                ));
             }
         })
     }
@@ -499,6 +508,9 @@ where
         Ok(env) => env,
         Err(err) => return Report::error(&err, None).emit(channel),
     };
+    if let Command::Mcp = cli.command {
+        return mcp(cli.store, cli.root.as_deref(), env, channel);
+    }
     if matches!(cli.command, Command::Run(_)) {
         crate::run::prepare();
     }
@@ -507,6 +519,43 @@ where
         .and_then(|settings| crate::commands::execute(&settings, channel))
         .unwrap_or_else(|err| Report::error(&err, lock).emit(channel))
 }
+/// `skill-lock mcp`: serves until the session ends (SPEC §2.9). Each tool
+/// call names its own root, so `--root` is refused here; `--store` holds
+/// for every call, as for any command.
+#[cfg(feature = "mcp")]
+fn mcp(
+    store: Option<OsString>,
+    root: Option<&std::path::Path>,
+    env: Environment,
+    channel: Channel,
+) -> ExitStatus {
+    if root.is_some() {
+        let err = Error::Usage(
+            "mcp takes no --root: each tool call names its checkout in its `root` argument"
+                .into(),
+        );
+        return Report::error(&err, None).emit(channel);
+    }
+    crate::mcp::serve(store, env)
+}
+
+/// `skill-lock mcp` in a build without the server: a usage error that says
+/// which build has it.
+#[cfg(not(feature = "mcp"))]
+fn mcp(
+    _store: Option<OsString>,
+    _root: Option<&std::path::Path>,
+    _env: Environment,
+    channel: Channel,
+) -> ExitStatus {
+    let err = Error::Usage(
+        "this build has no MCP server (cargo feature \"mcp\"): install the bundle or the wheel, \
+         or build with the default features"
+            .into(),
+    );
+    Report::error(&err, None).emit(channel)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

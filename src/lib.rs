@@ -73,6 +73,8 @@ pub mod key;
 mod layer;
 pub mod lease;
 mod liveness;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod output;
 pub mod record;
 mod root;
