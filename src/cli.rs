@@ -531,8 +531,7 @@ fn mcp(
 ) -> ExitStatus {
     if root.is_some() {
         let err = Error::Usage(
-            "mcp takes no --root: each tool call names its checkout in its `root` argument"
-                .into(),
+            "mcp takes no --root: each tool call names its checkout in its `root` argument".into(),
         );
         return Report::error(&err, None).emit(channel);
     }

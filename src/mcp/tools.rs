@@ -219,18 +219,14 @@ fn object(v: Value) -> Arc<JsonObject> {
 /// The tool as `tools/list` shows it.
 pub(crate) fn definition(name: Name) -> Tool {
     let read_only = matches!(name, Name::Status | Name::Check);
-    Tool::new(
-        name.as_str(),
-        description(name),
-        object(input_schema(name)),
-    )
-    .with_raw_output_schema(object(output_schema(name)))
-    .with_annotations(
-        ToolAnnotations::new()
-            .read_only(read_only)
-            .destructive(false)
-            .open_world(false),
-    )
+    Tool::new(name.as_str(), description(name), object(input_schema(name)))
+        .with_raw_output_schema(object(output_schema(name)))
+        .with_annotations(
+            ToolAnnotations::new()
+                .read_only(read_only)
+                .destructive(false)
+                .open_world(false),
+        )
 }
 
 /// A call's arguments, checked against what the tool takes.
@@ -247,11 +243,12 @@ impl<'a> Call<'a> {
     /// [`Error::Usage`] for an argument the tool does not take (a token or
     /// `force` above all: this server never takes one, never forces).
     pub(crate) fn new(name: Name, args: &'a JsonObject) -> Result<Self> {
-        if let Some(other) = args.keys().find(|k| !name.arguments().contains(&k.as_str())) {
+        if let Some(other) = args
+            .keys()
+            .find(|k| !name.arguments().contains(&k.as_str()))
+        {
             let why = match other.as_str() {
-                "token" => {
-                    "tokens never leave this server: pass the `fence` its acquire answered"
-                }
+                "token" => "tokens never leave this server: pass the `fence` its acquire answered",
                 "force" => "this server never forces; an operator runs release --force in a shell",
                 _ => "it is not one of this tool's arguments",
             };
@@ -296,12 +293,8 @@ impl<'a> Call<'a> {
     }
 
     fn required(&self, arg: &str, what: &str) -> Result<&'a str> {
-        self.text(arg)?.ok_or_else(|| {
-            Error::Usage(format!(
-                "{} needs {arg:?}: {what}",
-                self.name.as_str()
-            ))
-        })
+        self.text(arg)?
+            .ok_or_else(|| Error::Usage(format!("{} needs {arg:?}: {what}", self.name.as_str())))
     }
 
     /// `skill` and `repo`, validated as the command validates them.
@@ -311,7 +304,10 @@ impl<'a> Call<'a> {
     /// [`Error::InvalidRepo`].
     pub(crate) fn key(&self) -> Result<LockKey> {
         let skill = self.required("skill", "the skill's name, e.g. \"issue-triage\"")?;
-        let repo = self.required("repo", "the repository as owner/name, e.g. \"apache/airflow\"")?;
+        let repo = self.required(
+            "repo",
+            "the repository as owner/name, e.g. \"apache/airflow\"",
+        )?;
         LockKey::new(skill, repo)
     }
 

@@ -44,6 +44,7 @@ mod hostile;
 mod hostile_clone;
 mod interleavings;
 mod linearizable;
+mod mcp;
 mod races;
 mod run_edges;
 mod run_tree;
