@@ -594,6 +594,7 @@ impl Report {
 
     /// The fence an object names as this acquisition's: `acquired`'s, and
     /// `renewed`'s (new when the lease was revived, SPEC §2.2).
+    #[cfg(feature = "mcp")]
     #[must_use]
     pub(crate) fn fence(&self) -> Option<u64> {
         match self {

@@ -115,12 +115,12 @@ impl Shared {
                 let settings = self.settings(Action::Status { key }, &root)?;
                 crate::commands::report(&settings, &settings.store.open()?)
             }
-            Name::Acquire => self.acquire(call, key),
+            Name::Acquire => self.acquire(call, &key),
             Name::Renew | Name::Check | Name::Release => self.on_own(call, key),
         }
     }
 
-    fn acquire(&self, call: &Call<'_>, key: LockKey) -> Result<Report> {
+    fn acquire(&self, call: &Call<'_>, key: &LockKey) -> Result<Report> {
         let req = AcquireRequest {
             ttl: call.ttl()?.unwrap_or(crate::lease::DEFAULT_TTL),
             note: call.note()?,
@@ -139,7 +139,7 @@ impl Shared {
         let store = settings.store.open()?;
         let report = crate::commands::report(&settings, &store)?;
         if let (Some(token), Some(fence)) = (report.token(), report.fence()) {
-            let lock = store.location(&key).lock;
+            let lock = store.location(key).lock;
             let mine = Acquisition {
                 key: key.clone(),
                 root,

@@ -44,6 +44,8 @@ mod hostile;
 mod hostile_clone;
 mod interleavings;
 mod linearizable;
+// The server exists only with the `mcp` feature (on by default).
+#[cfg(feature = "mcp")]
 mod mcp;
 mod races;
 mod run_edges;
