@@ -280,3 +280,30 @@ fn mcp_a_server_ended_by_sigterm_releases_first() {
     assert_eq!(status_state(&env, &root), "free");
     assert_no_token(&raw.wire, &hash);
 }
+
+/// The `mcpServers` entry a plugin ships starts `skill-lock mcp` through
+/// uvx from the plugin's own directory, with no shell: no `~`, no `$HOME`,
+/// nothing a shell would have to expand but `${CLAUDE_PLUGIN_ROOT}`.
+#[test]
+fn mcp_the_plugins_server_entry_needs_no_shell() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/plugin/.mcp.json");
+    let entry: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let server = &entry["mcpServers"]["skill-lock"];
+    assert_eq!(server["command"], "uvx", "{server}");
+    let args: Vec<&str> = server["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args,
+        ["--from", "${CLAUDE_PLUGIN_ROOT}/skill-lock", "skill-lock", "mcp"]
+    );
+    let text = entry.to_string();
+    assert!(!text.contains('~') && !text.contains("$HOME"), "{text}");
+    assert_eq!(
+        server["env"]["SKILL_LOCK_LAUNCHER"],
+        "uvx --from ${CLAUDE_PLUGIN_ROOT}/skill-lock skill-lock"
+    );
+}
