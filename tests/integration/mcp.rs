@@ -6,6 +6,8 @@
 //!
 //! The Python tests skip, saying SKIPPED, only when the environment is
 //! missing and CI is not set; under CI=true a missing environment fails.
+//!
+//! Covers: SPEC §2.9, §2.1, §2.2, §2.3, §2.6, §6, §9.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
