@@ -259,20 +259,7 @@ fn wait_of(w: &OsString) -> Result<Duration> {
 }
 
 fn since_of(v: &OsString) -> Result<u64> {
-    parse_since(&v.to_string_lossy())
-}
-
-/// The fence of `--since` (and of the MCP tool's `since`): a whole number,
-/// `null` standing for 0 (what `status` shows when it knows no fence).
-pub(crate) fn parse_since(text: &str) -> Result<u64> {
-    if text == "null" {
-        return Ok(0);
-    }
-    text.parse::<u64>().map_err(|_| {
-        Error::Usage(format!(
-            "--since {text:?}: give the fence that status showed (a whole number; null or 0 when it showed none)"
-        ))
-    })
+    config::parse_since(&v.to_string_lossy())
 }
 
 impl TakeArgs {

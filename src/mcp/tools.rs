@@ -367,7 +367,7 @@ impl<'a> Call<'a> {
             Some(Value::Null) => Ok(Some(0)),
             Some(_) => self
                 .number("since")?
-                .map(|s| crate::cli::parse_since(&s))
+                .map(|s| crate::config::parse_since(&s))
                 .transpose(),
         }
     }
