@@ -390,3 +390,85 @@ impl<'a> Call<'a> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: Value) -> JsonObject {
+        match v {
+            Value::Object(map) => map,
+            _ => JsonObject::new(),
+        }
+    }
+
+    #[test]
+    fn every_tool_requires_the_lock_and_its_root_and_takes_no_token() {
+        for name in Name::ALL {
+            let tool = definition(name);
+            let required = tool.input_schema["required"].as_array().unwrap();
+            for arg in ["skill", "repo", "root"] {
+                assert!(required.contains(&json!(arg)), "{name:?}: {arg}");
+            }
+            let props = tool.input_schema["properties"].as_object().unwrap();
+            assert!(!props.contains_key("token") && !props.contains_key("force"));
+            assert!(tool.output_schema.is_some(), "{name:?}");
+            assert_eq!(Name::parse(name.as_str()).unwrap(), name);
+        }
+        assert_eq!(Name::parse("store").unwrap_err().code(), "usage");
+    }
+
+    #[test]
+    fn arguments_are_checked_as_the_command_checks_them() {
+        let a = args(json!({"skill": "s", "repo": "o/r", "root": "/x", "ttl": 0}));
+        let call = Call::new(Name::Acquire, &a).unwrap();
+        assert_eq!(call.ttl().unwrap_err().code(), "invalid_ttl");
+        let a =
+            args(json!({"skill": "s", "repo": "o/r", "root": "/x", "ttl": "900", "since": null}));
+        let call = Call::new(Name::Acquire, &a).unwrap();
+        assert_eq!(call.ttl().unwrap(), Some(900));
+        assert_eq!(call.since().unwrap(), Some(0));
+        assert_eq!(call.note().unwrap(), None);
+        let a = args(json!({"skill": "s", "repo": "o/r", "root": "/x", "note": "a\nb"}));
+        let call = Call::new(Name::Acquire, &a).unwrap();
+        assert_eq!(call.note().unwrap_err().code(), "invalid_note");
+        let a = args(json!({"skill": "-s", "repo": "o/r", "root": "/x"}));
+        assert_eq!(
+            Call::new(Name::Status, &a)
+                .unwrap()
+                .key()
+                .unwrap_err()
+                .code(),
+            "invalid_skill"
+        );
+        let a = args(json!({"skill": "s", "repo": "o/r"}));
+        let err = Call::new(Name::Status, &a).unwrap().root().unwrap_err();
+        assert!(
+            err.code() == "usage" && err.to_string().contains("root"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_token_force_or_missing_fence_is_refused() {
+        let a = args(json!({"skill": "s", "repo": "o/r", "root": "/x", "token": "t"}));
+        let err = Call::new(Name::Release, &a).unwrap_err();
+        assert!(err.to_string().contains("fence"), "{err}");
+        let a = args(json!({"skill": "s", "repo": "o/r", "root": "/x", "fence": 1, "force": true}));
+        assert_eq!(Call::new(Name::Release, &a).unwrap_err().code(), "usage");
+        let a = args(json!({"skill": "s", "repo": "o/r", "root": "/x"}));
+        let err = Call::new(Name::Renew, &a).unwrap().fence().unwrap_err();
+        assert_eq!(err.code(), "usage");
+        let a = args(json!({"skill": "s", "repo": "o/r", "root": "/x", "fence": "7"}));
+        assert_eq!(Call::new(Name::Check, &a).unwrap().fence().unwrap(), 7);
+        let a = args(json!({"skill": "s", "repo": "o/r", "root": "/x", "fence": -1}));
+        assert_eq!(
+            Call::new(Name::Check, &a)
+                .unwrap()
+                .fence()
+                .unwrap_err()
+                .code(),
+            "usage"
+        );
+    }
+}
