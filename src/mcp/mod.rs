@@ -74,6 +74,8 @@ struct LockServer {
     shared: Arc<Shared>,
 }
 
+/// What every tool call shares: the `--store` the server was started with,
+/// its environment, and the acquisitions it holds.
 #[derive(Debug)]
 struct Shared {
     store: Option<OsString>,
