@@ -208,6 +208,7 @@ async def killed():
         a = await call(victim, "acquire", **lock_args(ttl=3600, note="killed"))
         assert a["result"] == "acquired", a
         os.kill(a["owner_pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
         with contextlib.suppress(Exception):
             await call(victim, "status", **lock_args())
     async with server() as heir:
@@ -220,6 +221,7 @@ async def killed():
             assert time.monotonic() < deadline, f"never taken over: {b}"
             await asyncio.sleep(0.2)
         assert b["took_over"]["reason"] == "owner_dead", b
+        print(f"taken over as owner_dead {time.monotonic() - killed_at:.3f} s after the SIGKILL")
         assert b["took_over"]["holder"]["owner_pid"] == a["owner_pid"], b
         assert (await call(heir, "release", **lock_args(fence=b["fence"])))["result"] == "released"
 
