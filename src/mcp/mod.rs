@@ -269,11 +269,21 @@ fn result_of(report: &Report) -> CallToolResult {
     if let Value::Object(fields) = &mut value {
         fields.remove("token");
     }
-    if matches!(report, Report::Error(_)) {
-        CallToolResult::structured_error(value)
+    let mut result = if matches!(report, Report::Error(_)) {
+        CallToolResult::structured_error(value.clone())
     } else {
-        CallToolResult::structured(value)
+        CallToolResult::structured(value.clone())
+    };
+    // The text copy escaped as the commands' output is (SPEC §3): a
+    // holder's note or host never carries a control character to whoever
+    // shows the text.
+    let mut text = Vec::new();
+    if crate::visible::to_writer(&mut text, &value).is_ok() {
+        result.content = vec![rmcp::model::ContentBlock::text(
+            String::from_utf8_lossy(&text).into_owned(),
+        )];
     }
+    result
 }
 
 impl ServerHandler for LockServer {
