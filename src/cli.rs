@@ -65,10 +65,10 @@ Read-only. `renew --token T` checks the same and extends the lease: the block us
 #[derive(Debug, Parser)]
 #[command(name = "skill-lock", version, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
-    /// Project root (default: nearest ancestor holding .git, .svn or .apache-magpie.lock).
+    /// Project root (default: the nearest checkout of yours above the current directory; `skill-lock doctor` shows which and why).
     #[arg(long, global = true, value_name = "DIR")]
     root: Option<PathBuf>,
-    /// Lock store: git:REMOTE[#NAMESPACE] (e.g. git:origin), etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR (default: the personal layer).
+    /// Lock store: git:REMOTE[#NAMESPACE] (e.g. git:origin), etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR (default: SKILL_LOCK_STORE, else ~/.config/apache-magpie/skill-lock.toml, else the personal layer).
     #[arg(long, global = true, value_name = "URL")]
     store: Option<OsString>,
     #[command(subcommand)]
@@ -177,6 +177,26 @@ struct HistoryArgs {
     limit: OsString,
 }
 
+#[derive(Debug, Args)]
+struct DoctorArgs {
+    /// Also name this skill's lock (needs --repo).
+    #[arg(requires = "repo")]
+    skill: Option<OsString>,
+    /// The repository of that lock (needs a skill).
+    #[arg(long, value_name = "OWNER/NAME", requires = "skill")]
+    repo: Option<OsString>,
+    /// Print the report for a person instead of one JSON object.
+    #[arg(long)]
+    text: bool,
+}
+
+const DOCTOR_HELP: &str = "\
+Read-only. Names the project root and the rule of SPEC §5 that chose it, the personal
+layer, your configuration file, the store and where that choice came from (--store,
+SKILL_LOCK_STORE, a line of the configuration file, or the default), whether the store
+answers (with a lock named), and every refusal a command here would meet, with its fix.
+Exit 0 when nothing is refused, else 2.";
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Take the lock when it is free or stale; prints the token.
@@ -199,6 +219,9 @@ enum Command {
     History(HistoryArgs),
     /// Serve the lock as MCP tools on stdin/stdout, for one agent session (SPEC §2.9).
     Mcp,
+    /// Say where the root, the layer, the configuration and the store are, and why.
+    #[command(after_help = DOCTOR_HELP)]
+    Doctor(DoctorArgs),
     /// Print the completion script for SHELL on stdout.
     Completions {
         /// The shell.
@@ -311,7 +334,13 @@ impl Command {
             Self::Release(a) => &a.lock,
             Self::Status(a) => a,
             Self::Check(a) => &a.lock,
-            Self::List | Self::History(_) | Self::Mcp | Self::Completions { .. } => return None,
+            Self::List
+            | Self::History(_)
+            | Self::Mcp
+            | Self::Doctor(_)
+            | Self::Completions { .. } => {
+                return None;
+            }
         };
         Some((
             lock.skill.to_string_lossy().into_owned(),
@@ -370,10 +399,8 @@ impl Command {
                 let (key, limit) = a.validate()?;
                 Action::History { key, limit }
             }
-            Self::Completions { .. } | Self::Mcp => {
-                return Err(Error::Internal(
-                    "completions and mcp are not lock commands".into(),
-                ));
+            Self::Completions { .. } | Self::Mcp | Self::Doctor(_) => {
+                return Err(Error::Internal("not a lock command".into()));
             }
         })
     }
@@ -497,6 +524,22 @@ where
     };
     if let Command::Mcp = cli.command {
         return mcp(cli.store, cli.root.as_deref(), env, channel);
+    }
+    if let Command::Doctor(a) = cli.command {
+        let key = match (a.skill, a.repo) {
+            (Some(skill), Some(repo)) => match key_of(&LockArgs { skill, repo }) {
+                Ok(key) => Some(key),
+                Err(err) => return Report::error(&err, None).emit(channel),
+            },
+            _ => None,
+        };
+        let req = crate::doctor::Request {
+            key,
+            root: cli.root,
+            store: cli.store,
+            text: a.text,
+        };
+        return crate::doctor::run(&req, &env);
     }
     if matches!(cli.command, Command::Run(_)) {
         crate::run::prepare();

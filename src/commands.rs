@@ -115,21 +115,62 @@ fn about(store: &AnyStore, key: &LockKey) -> About {
     About::new(key, store.location(key))
 }
 
-/// Refuses while an older version's lock on `key` is held in one of the
-/// working-tree layers it used (SPEC §5; docs/contract.md "Upgrading"):
-/// read-only, through the layer handle, judged as any file-store lock.
-fn refuse_legacy_held(settings: &Settings, key: &LockKey) -> Result<()> {
-    for location in &settings.store.legacy {
-        let old = crate::store::fs::FileStore::at(location.clone());
-        if let engine::State::Held { holder, .. } = engine::state(&old, key, &context(settings))? {
-            return Err(crate::error::Error::LegacyHeld {
-                path: std::path::PathBuf::from(old.location(key).lock),
-                expires: holder.expires.to_string(),
-                host: holder.host.escape_default().to_string(),
-            });
-        }
-    }
-    Ok(())
+/// The longest an original tool's record may still hold a name (SPEC §5
+/// "Upgrading from the original tool"): a record claiming longer is no
+/// lease that tool would have written, and holds nothing.
+const LEGACY_HORIZON: u64 = 24 * 60 * 60;
+
+/// A lock the original tool holds on `key`, judged by its expiry alone
+/// (its pid and process group are never looked up): the holder and the
+/// seconds left, when it holds the name. Anything unreadable holds nothing.
+fn legacy_hold(
+    settings: &Settings,
+    key: &LockKey,
+) -> Option<(AnyStore, crate::record::Holder, u64)> {
+    settings.store.legacy.iter().find_map(|location| {
+        let old = AnyStore::File(crate::store::fs::FileStore::at(location.clone()));
+        let state = engine::state(&old, key, &context(settings)).ok()?;
+        let (holder, left) = by_expiry(state)?;
+        Some((old, holder, left))
+    })
+}
+
+/// The holder and seconds left of a legacy lock whose `expires` is in the
+/// future and at most [`LEGACY_HORIZON`] ahead.
+fn by_expiry(state: engine::State) -> Option<(crate::record::Holder, u64)> {
+    let (holder, left) = match state {
+        engine::State::Held { holder, expires_in } => (holder, expires_in),
+        engine::State::Stale {
+            holder: Some(holder),
+            expires_in: Some(left),
+            ..
+        } => (holder, left),
+        _ => return None,
+    };
+    (left > 0 && left <= LEGACY_HORIZON).then_some((holder, left))
+}
+
+/// `already_running` for a name the original tool still holds.
+fn legacy_report(
+    old: &AnyStore,
+    key: &LockKey,
+    holder: crate::record::Holder,
+    left: u64,
+) -> Report {
+    let path = old.location(key).lock;
+    Report::acquire(
+        engine::Acquire::AlreadyRunning {
+            holder,
+            expires_in: left,
+        },
+        about(old, key),
+        || {
+            format!(
+                "held by the original skill-lock in {path} until its lease ends; wait for it, \
+                 or once that run is known to be gone, delete that directory"
+            )
+        },
+    )
 }
 
 fn acquire(
@@ -139,7 +180,9 @@ fn acquire(
     req: &AcquireRequest,
     wait: Option<Duration>,
 ) -> Result<Report> {
-    refuse_legacy_held(settings, key)?;
+    if let Some((old, holder, left)) = legacy_hold(settings, key) {
+        return Ok(legacy_report(&old, key, holder, left));
+    }
     let outcome = crate::wait::acquire_waiting(store, key, req, wait, &settings.clock)?;
     Ok(Report::acquire(outcome, about(store, key), || {
         crate::hint::release_force(key, settings, store)
@@ -156,7 +199,9 @@ fn run(
 ) -> Result<Report> {
     // Found before the lock is touched: a command that cannot start takes no lock.
     let program = crate::run::resolve(cmd, settings.env.path.as_deref())?;
-    refuse_legacy_held(settings, key)?;
+    if let Some((old, holder, left)) = legacy_hold(settings, key) {
+        return Ok(legacy_report(&old, key, holder, left));
+    }
     Ok(
         match crate::run::execute(
             store,
@@ -219,10 +264,14 @@ fn list(settings: &Settings, store: &AnyStore) -> Result<ExitStatus> {
     let mut legacy = Vec::new();
     for location in &settings.store.legacy {
         let old = crate::store::fs::FileStore::at(location.clone());
-        engine::list(&old, &ctx, &mut |entry| {
-            legacy.push(entry);
+        // Only what holds a name; anything unreadable there is ignored.
+        let _ = engine::list(&old, &ctx, &mut |mut entry| {
+            if let Some((holder, expires_in)) = by_expiry(entry.state.clone()) {
+                entry.state = engine::State::Held { holder, expires_in };
+                legacy.push(entry);
+            }
             Ok(())
-        })?;
+        });
     }
     let mut printer = match ListPrinter::start(&store.describe()) {
         Ok(printer) => printer,

@@ -4,8 +4,8 @@
 //! [`Environment`] snapshot, before any file is touched: names, ttl, note and
 //! pid are checked first (into one [`Action`]), then the root, the personal
 //! layer and the store are resolved. Store precedence: `--store URL`, then
-//! `SKILL_LOCK_STORE`, then `store = "URL"` in `P/skill-lock.toml`, then the
-//! file store in the personal layer.
+//! `SKILL_LOCK_STORE`, then the user's configuration file
+//! ([`crate::user_config`]), then the file store in the personal layer.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -20,9 +20,7 @@ use crate::store::AnyStore;
 use crate::store::fs::FileStore;
 use crate::store::fs::dir::Location;
 use crate::store::git::{GitConfig, GitStore};
-
-/// The store setting in the personal layer (SPEC §8).
-pub(crate) const CONFIG_FILE: &str = "skill-lock.toml";
+use crate::user_config::UserConfig;
 
 pub(crate) use crate::vars::{Vars, var};
 
@@ -49,6 +47,10 @@ pub(crate) struct Environment {
     pub under_uv: bool,
     /// The variables the stores read.
     pub vars: Vars,
+    /// The invoking user (SPEC §5: whose directories and markers count).
+    pub user: crate::ownership::User,
+    /// What locates the user's configuration file (SPEC §8).
+    pub config: crate::user_config::Inputs,
 }
 
 impl Environment {
@@ -64,7 +66,15 @@ impl Environment {
         let cwd =
             std::env::current_dir().map_err(|e| Error::io("read", "the current directory", e))?;
         let get = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        let sudo_uid = get("SUDO_UID").and_then(|v| v.into_string().ok());
         Ok(Self {
+            user: crate::ownership::User::new(sudo_uid.as_deref()),
+            config: crate::user_config::Inputs {
+                explicit: get("SKILL_LOCK_CONFIG").map(PathBuf::from),
+                xdg_config_home: get("XDG_CONFIG_HOME").map(PathBuf::from),
+                home: get("HOME").map(PathBuf::from),
+                appdata: get("APPDATA").map(PathBuf::from),
+            },
             cwd,
             store: get("SKILL_LOCK_STORE"),
             launcher: get("SKILL_LOCK_LAUNCHER"),
@@ -144,6 +154,23 @@ pub(crate) enum Action {
     },
 }
 
+impl Action {
+    /// The repository the action names, which the user's configuration
+    /// file maps to a store; `None` for `list` and `history` of every lock.
+    pub(crate) fn repo(&self) -> Option<&str> {
+        match self {
+            Self::Acquire { key, .. }
+            | Self::Run { key, .. }
+            | Self::Renew { key, .. }
+            | Self::Release { key, .. }
+            | Self::Status { key }
+            | Self::Check { key, .. } => Some(key.repo()),
+            Self::History { key, .. } => key.as_ref().map(LockKey::repo),
+            Self::List => None,
+        }
+    }
+}
+
 /// Everything one invocation needs, validated: what to do, where, and when.
 #[derive(Debug)]
 pub(crate) struct Settings {
@@ -168,7 +195,7 @@ impl Settings {
         root: Option<&Path>,
         env: Environment,
     ) -> Result<Self> {
-        let store = choose_store(store, root, &env)?;
+        let store = choose_store(store, root, &env, action.repo())?;
         Ok(Self {
             action,
             store,
@@ -251,7 +278,7 @@ pub(crate) enum StoreSource {
     Flag,
     /// `SKILL_LOCK_STORE`.
     Env,
-    /// `P/skill-lock.toml`.
+    /// The user's configuration file (SPEC §8).
     ConfigFile,
     /// The personal layer's file store.
     Default,
@@ -281,10 +308,12 @@ pub(crate) struct StoreChoice {
     pub url: Option<String>,
     /// The project root, when one was resolved.
     pub root: Option<PathBuf>,
-    /// File-store layers where an older version kept this project's locks
-    /// (see [`layer::Layer::working`]); `acquire` and `run` refuse while a
-    /// lock there is held, and `list` shows them.
+    /// Where the original tool kept this project's locks (SPEC §5
+    /// "Upgrading from the original tool"): `acquire` and `run` honour a
+    /// live record of the same lock there, and `list` shows them.
     pub legacy: Vec<Location>,
+    /// The configuration file's line that chose the store, in words.
+    pub origin: Option<String>,
 }
 
 impl StoreChoice {
@@ -319,41 +348,60 @@ fn redacted(e: Error) -> Error {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct ConfigFile {
-    store: Option<String>,
-}
-
 /// The store a URL names, checked alike wherever the URL came from (flag,
-/// environment, config file); no message ever carries its credentials.
+/// environment, configuration file); no message ever carries its
+/// credentials. A git remote *name* is resolved in the checkout's verified
+/// git directory (SPEC §8), so only then is the root looked for.
 fn from_url(
     url: &str,
     cwd: &Path,
     source: StoreSource,
-    root: Option<PathBuf>,
-    vars: &Vars,
+    root_flag: Option<&Path>,
+    env: &Environment,
 ) -> Result<StoreChoice> {
     use crate::store::git::{has_secret, redact};
     if source == StoreSource::Flag && has_secret(url) {
         return Err(Error::Usage(format!(
             "--store {:?} carries credentials, which every local user can read in the process list; \
-             put the URL in SKILL_LOCK_STORE or in skill-lock.toml, or leave them to git's credential helper",
+             put the URL in SKILL_LOCK_STORE or in your configuration file, or leave them to git's credential helper",
             redact(url)
         )));
     }
-    let spec = parse_url(url, cwd, vars).map_err(redacted)?;
+    let mut spec = parse_url(url, cwd, source, &env.vars).map_err(redacted)?;
+    let mut root = None;
+    if let StoreSpec::Git(config) = &mut spec
+        && config.names_a_remote()
+    {
+        // No checkout of layer rule 1 here: the name resolves nowhere, and
+        // opening the store says so (`usage`), never trying it as a path.
+        if let Ok(found) = root::discover(root_flag, cwd, &env.user)
+            && let Ok(layer) = layer::resolve(&found.dir)
+        {
+            config.git_dir = layer.git_dir;
+            config.checkout.clone_from(&found.dir);
+            root = Some(found.dir);
+        }
+    }
     Ok(StoreChoice {
         spec,
         source,
         url: Some(url.to_owned()),
         root,
         legacy: Vec::new(),
+        origin: None,
     })
 }
 
-/// Parses a store URL (SPEC §8), relative `file:` directories and git
-/// paths against `cwd`.
-fn parse_url(url: &str, cwd: &Path, vars: &Vars) -> Result<StoreSpec> {
+/// Parses a store URL (SPEC §8). A relative `file:` directory or git path
+/// is taken against `cwd`, and only from `--store`: in the variable or the
+/// configuration file, which any directory reads alike, it is refused.
+fn parse_url(url: &str, cwd: &Path, source: StoreSource, vars: &Vars) -> Result<StoreSpec> {
+    let relative_refused = |what: &str| {
+        Error::Usage(format!(
+            "store {url:?}: a relative {what} is accepted only from --store (it would mean \
+             another place in every directory); write it absolute"
+        ))
+    };
     let Some(dir) = url.strip_prefix("file:") else {
         if url.starts_with("etcd://") || url.starts_with("etcds://") {
             #[cfg(feature = "etcd")]
@@ -364,7 +412,11 @@ fn parse_url(url: &str, cwd: &Path, vars: &Vars) -> Result<StoreSpec> {
             )));
         }
         if url.starts_with("git:") {
-            return GitConfig::parse(url, cwd, vars).map(StoreSpec::Git);
+            let config = GitConfig::parse(url, cwd, vars)?;
+            if source != StoreSource::Flag && config.names_a_relative_path() {
+                return Err(relative_refused("path"));
+            }
+            return Ok(StoreSpec::Git(config));
         }
         return Err(Error::Usage(format!(
             "unknown store {url:?}: use git:REMOTE[#NAMESPACE], etcd://host:port[,host:port...][/prefix], etcds://..., or file:DIR"
@@ -375,18 +427,27 @@ fn parse_url(url: &str, cwd: &Path, vars: &Vars) -> Result<StoreSpec> {
             "store file: needs a directory, e.g. file:/var/tmp/locks".into(),
         ));
     }
+    if source == StoreSource::ConfigFile && Path::new(dir).is_relative() {
+        return Err(relative_refused("directory"));
+    }
     Ok(StoreSpec::File(Location::new(&cwd.join(dir), &[])))
 }
 
-/// Resolves the store for this invocation (SPEC §8).
+/// Resolves the store for this invocation (SPEC §8): the user's choice
+/// (`--store`, `SKILL_LOCK_STORE`, the user's configuration file for
+/// `repo`), else the file store of the personal layer. Nothing in a tree
+/// chooses it (SPEC §5 "Nothing a tree carries configures the tool").
 ///
 /// # Errors
 /// [`Error::NoRoot`] when the personal layer is needed and no root is found;
-/// [`Error::Usage`] for an unknown URL or an unreadable config file.
+/// [`Error::Usage`] for an unknown URL, a configuration file that fails its
+/// checks, or a `skill-lock.toml` found in the tree when nothing the user
+/// set chooses the store.
 pub(crate) fn choose_store(
     flag: Option<&OsString>,
     root_flag: Option<&Path>,
     env: &Environment,
+    repo: Option<&str>,
 ) -> Result<StoreChoice> {
     let text = |s: &OsString, what: &str| {
         s.to_str()
@@ -394,114 +455,112 @@ pub(crate) fn choose_store(
             .ok_or_else(|| Error::Usage(format!("{what} is not valid UTF-8")))
     };
     let cwd = &env.cwd;
-    if let Some(url) = flag {
-        return from_url(
-            &text(url, "--store")?,
-            cwd,
-            StoreSource::Flag,
-            None,
-            &env.vars,
-        );
-    }
-    if let Some(url) = &env.store {
-        return from_url(
-            &text(url, "SKILL_LOCK_STORE")?,
-            cwd,
-            StoreSource::Env,
-            None,
-            &env.vars,
-        );
-    }
-    let root = root::discover(root_flag, cwd)?;
-    let layer = layer::resolve(&root)?;
-    refuse_planted_config(&layer)?;
-    let location = Location::new(&layer.anchor, layer.below);
-    let legacy = legacy_layers(&layer);
-    if let Some(url) = read_config(&layer, &location)? {
-        let mut choice = from_url(
-            &url,
-            &root.clone(),
-            StoreSource::ConfigFile,
-            Some(root),
-            &env.vars,
-        )?;
-        choice.legacy = legacy;
+    let user = &env.user;
+    let legacy = || legacy_layer(root_flag, cwd, user);
+    let chosen = if let Some(url) = flag {
+        Some((text(url, "--store")?, StoreSource::Flag, None))
+    } else if let Some(url) = &env.store {
+        Some((text(url, "SKILL_LOCK_STORE")?, StoreSource::Env, None))
+    } else {
+        match user_config(env)? {
+            Some(cfg) => cfg.entry_for(repo).map(|e| {
+                (
+                    e.url.clone(),
+                    StoreSource::ConfigFile,
+                    Some(cfg.describe(e)),
+                )
+            }),
+            None => None,
+        }
+    };
+    // `store = "file"` in the configuration file: the personal layer's file
+    // store, chosen by the user (so a tree's skill-lock.toml is ignored).
+    let (chosen, user_chose) = match chosen {
+        Some((url, StoreSource::ConfigFile, _)) if url == "file" => (None, true),
+        other => (other, false),
+    };
+    if let Some((url, source, line)) = chosen {
+        let mut choice = from_url(&url, cwd, source, root_flag, env).map_err(|e| match &line {
+            Some(line) => match e {
+                Error::Usage(m) => Error::Usage(format!("{m} (set in {line})")),
+                other => other,
+            },
+            None => e,
+        })?;
+        choice.origin = line;
+        choice.legacy = legacy();
         return Ok(choice);
     }
+    let root = root::discover(root_flag, cwd, user)?;
+    let layer = layer::resolve(&root.dir)?;
+    if !user_chose && let Some(found) = layer.planted_config(root.original.as_deref()) {
+        return Err(planted_config(&found, env));
+    }
+    let location = Location::new(&layer.anchor, layer.below);
     Ok(StoreChoice {
         spec: StoreSpec::File(location),
         source: StoreSource::Default,
         url: None,
-        root: Some(root),
-        legacy,
+        root: Some(root.dir),
+        legacy: legacy(),
+        origin: None,
     })
 }
 
-/// A `skill-lock.toml` in a working tree's `.apache-magpie-local/` (where
-/// earlier versions read it, and where any repository can commit one) is
-/// never used: finding one, with no `--store` and no `SKILL_LOCK_STORE`, is
-/// a `usage` error naming it and the place to use instead (SPEC §5).
-/// Only its presence is looked at (no link followed, nothing read).
-fn refuse_planted_config(layer: &layer::Layer) -> Result<()> {
-    let Some(found) = layer
-        .working
-        .iter()
-        .map(|d| d.join(CONFIG_FILE))
-        .find(|f| std::fs::symlink_metadata(f).is_ok())
-    else {
-        return Ok(());
-    };
-    let instead = if layer.config_allowed {
-        format!(
-            "put the store setting in {} (a place no clone can write), or",
-            layer.dir.join(CONFIG_FILE).display()
-        )
-    } else {
-        "here no configuration file is read:".to_owned()
-    };
-    Err(Error::Usage(format!(
-        "{} is not used: a repository can commit it, and nothing a repository carries \
-         configures skill-lock; {instead} pass --store URL or set SKILL_LOCK_STORE; \
-         then delete {}",
+/// The user's configuration file, read and checked, when there is one.
+///
+/// # Errors
+/// As [`UserConfig::read`].
+pub(crate) fn user_config(env: &Environment) -> Result<Option<UserConfig>> {
+    match crate::user_config::locate(&env.config, &env.user) {
+        Some(place) => UserConfig::read(place, &env.user),
+        None => Ok(None),
+    }
+}
+
+/// A `skill-lock.toml` in the tree, where earlier versions read one: never
+/// used, and refused when nothing the user set chooses the store, so a user
+/// who had configured a shared store there is never silently moved to a
+/// local one (SPEC §5). Only its presence was looked at.
+fn planted_config(found: &Path, env: &Environment) -> Error {
+    let file = crate::user_config::locate(&env.config, &env.user).map_or_else(
+        || "your configuration file (set SKILL_LOCK_CONFIG)".to_owned(),
+        |p| p.path.display().to_string(),
+    );
+    Error::Usage(format!(
+        "{} is not used: a tree (a clone, an svn working copy, an archive) can carry it, and \
+         nothing a tree carries configures skill-lock; choose the store yourself in {file} \
+         (store = \"URL\", or a [repos] entry), with --store URL or with SKILL_LOCK_STORE, \
+         then delete {} (`skill-lock doctor` says more)",
         found.display(),
         found.display()
-    )))
+    ))
 }
 
-/// The store URL of `P/skill-lock.toml`, read only where the layer may hold
-/// the configuration (SPEC §5): through the layer handle (no link followed,
-/// no FIFO waited on, at most 64 KiB), from a P that is the user's own.
-fn read_config(layer: &layer::Layer, location: &Location) -> Result<Option<String>> {
-    if !layer.config_allowed {
-        return Ok(None);
-    }
-    let cfg = layer.dir.join(CONFIG_FILE);
-    let Some(body) = (match location.open_p(false)? {
-        Some(p) => p.read_small(CONFIG_FILE)?,
-        None => None,
-    }) else {
-        return Ok(None);
+/// Where the original tool would have kept this project's locks, from the
+/// same start (SPEC §5 "Upgrading from the original tool"): the
+/// `.apache-magpie-local/` of the nearest directory holding any marker,
+/// when it has a `run` there. Read only by `acquire`, `run` and `list`.
+fn legacy_layer(
+    root_flag: Option<&Path>,
+    cwd: &Path,
+    user: &crate::ownership::User,
+) -> Vec<Location> {
+    let Ok(root) = root::discover(root_flag, cwd, user) else {
+        return Vec::new();
     };
-    let body = String::from_utf8(body)
-        .map_err(|_| Error::Usage(format!("{} is not UTF-8; fix or remove it", cfg.display())))?;
-    let parsed: ConfigFile = toml::from_str(&body).map_err(|e| {
-        Error::Usage(format!(
-            "{} is not valid: {e}; fix or remove it",
-            cfg.display()
-        ))
-    })?;
-    Ok(parsed.store)
-}
-
-/// The file-store layers where earlier versions kept this checkout's locks
-/// (`.apache-magpie-local/` of its working trees), other than P itself:
-/// a lock an older version still holds there must not be ignored.
-fn legacy_layers(layer: &layer::Layer) -> Vec<Location> {
-    layer
-        .working
-        .iter()
-        .filter(|d| **d != layer.dir)
-        .filter(|d| std::fs::symlink_metadata(d.join("run")).is_ok())
-        .filter_map(|d| Some(Location::new(d.parent()?, &[layer::LOCAL_DIR])))
+    // Where R has no version control, the original's folder is P itself
+    // (layer rule 4): this tool's own locks, not a legacy.
+    let is_p = |o: &PathBuf| {
+        *o == root.dir
+            && ![root::GIT, root::SVN]
+                .iter()
+                .any(|m| std::fs::symlink_metadata(o.join(m)).is_ok())
+    };
+    root.original
+        .filter(|o| !is_p(o))
+        .filter(|o| std::fs::symlink_metadata(o.join(layer::LOCAL_DIR).join("run")).is_ok())
+        .map(|o| Location::new(&o, &[layer::LOCAL_DIR]))
+        .into_iter()
         .collect()
 }

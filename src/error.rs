@@ -72,24 +72,6 @@ pub enum Error {
         /// The command that fixes it.
         fix: String,
     },
-    /// A lock an older version took in a working tree's
-    /// `.apache-magpie-local/` (the layout before locks moved into the git
-    /// directory) is still held: it is honoured until its lease ends.
-    #[error(
-        "a lock taken by an earlier skill-lock is held in {} until {expires} (host {host}); \
-         it was kept in the working tree by the earlier layout and is honoured until then: \
-         wait for it, or release it with the version that took it; once that run is known \
-         to be gone, delete that directory",
-        .path.display()
-    )]
-    LegacyHeld {
-        /// The lock directory.
-        path: PathBuf,
-        /// When its lease runs out.
-        expires: String,
-        /// Its holder's host, escaped.
-        host: String,
-    },
     /// The network store did not answer in time.
     #[error("{0}")]
     StoreUnavailable(String),
@@ -119,7 +101,7 @@ impl Error {
             Self::InvalidNote(_) => "invalid_note",
             Self::InvalidPid { .. } => "invalid_pid",
             Self::NoRoot(_) => "no_root",
-            Self::Io { .. } | Self::Untrusted { .. } | Self::LegacyHeld { .. } => "io",
+            Self::Io { .. } | Self::Untrusted { .. } => "io",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Internal(_) => "internal",
         }

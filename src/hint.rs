@@ -246,6 +246,7 @@ mod tests {
                     url: Some(url.to_owned()),
                     root: None,
                     legacy: Vec::new(),
+                    origin: None,
                 },
                 clock: crate::engine::Clock::System,
                 env: Environment {

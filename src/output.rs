@@ -769,6 +769,16 @@ pub(crate) fn print_completions(
     ExitStatus::Success
 }
 
+/// Writes a report built elsewhere (`doctor`'s) to standard output as it
+/// is: `status` when it was written whole, else 2.
+pub(crate) fn print_plain(text: &str, status: ExitStatus) -> ExitStatus {
+    let mut out = stdout();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => status,
+        Err(_) => ExitStatus::Error,
+    }
+}
+
 /// `list` (SPEC §2.5), written as it is read: `{"result":"list","store":..,
 /// "locks":[` then one [`ListEntry`] per lock, then `],"tombstones":N}`.
 struct ListWriter<W: Write> {

@@ -79,7 +79,9 @@ struct LockServer {
 #[derive(Debug)]
 struct Shared {
     store: Option<OsString>,
-    env: Environment,
+    /// Behind a lock: the environment caches what it learns (not `Sync`);
+    /// each call works on its own copy.
+    env: Mutex<Environment>,
     held: Mutex<Held>,
 }
 
@@ -91,7 +93,12 @@ impl Shared {
 
     /// The command's settings for `action` on the lock under `root`.
     fn settings(&self, action: Action, root: &std::path::Path) -> Result<Settings> {
-        Settings::new(action, self.store.as_ref(), Some(root), self.env.clone())
+        let env = self
+            .env
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Settings::new(action, self.store.as_ref(), Some(root), env)
     }
 
     /// Answers one tool call: the command's object, its token taken out.
@@ -348,7 +355,7 @@ pub(crate) fn serve(store: Option<OsString>, env: Environment) -> ExitStatus {
     };
     let shared = Arc::new(Shared {
         store,
-        env,
+        env: Mutex::new(env),
         held: Mutex::new(Held::default()),
     });
     let server = LockServer {

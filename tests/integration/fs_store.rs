@@ -49,10 +49,14 @@ fn state(repo: &Path) -> String {
     lock(repo).state()
 }
 
-/// A checkout without running git: a `.git` directory is a marker.
+/// A checkout without running git: a `.git` directory holding what makes
+/// it a git directory (`HEAD`, `objects/`, `refs/`, SPEC §5 layer rule 1).
 fn bare_checkout(env: &TestEnv, rel: &str) -> PathBuf {
     let d = env.dir(rel);
-    std::fs::create_dir_all(d.join(".git")).unwrap();
+    for sub in [".git/objects", ".git/refs"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
     d
 }
 
@@ -837,13 +841,22 @@ fn file_store_url_and_environment_select_another_directory() {
     let by_env = Lock::new(&nowhere, "s", "o/r").with_env("SKILL_LOCK_STORE", &url);
     let held = by_env.acquire().is("already_running");
     assert!(held.hint().ends_with(&format!("--force --store {url}")));
-    // The personal layer's skill-lock.toml.
+    // A skill-lock.toml in the personal layer is never read (a tree can
+    // carry one, SPEC §5): with nothing the user set, it is refused...
     let repo = env.git_repo("r");
     std::fs::create_dir_all(repo.join(".git/apache-magpie")).unwrap();
-    std::fs::write(
-        repo.join(".git/apache-magpie/skill-lock.toml"),
-        format!("store = \"{url}\"\n"),
-    )
-    .unwrap();
-    Lock::new(&repo, "s", "o/r").acquire().is("already_running");
+    let planted = repo.join(".git/apache-magpie/skill-lock.toml");
+    std::fs::write(&planted, format!("store = \"{url}\"\n")).unwrap();
+    let m = Lock::new(&repo, "s", "o/r")
+        .op("acquire")
+        .run()
+        .error_message("usage");
+    assert!(m.contains(planted.to_str().unwrap()), "{m}");
+    // ...and the user's configuration file chooses the store (SPEC §8).
+    let config = env.path("user.toml");
+    std::fs::write(&config, format!("[repos]\n\"o/*\" = \"{url}\"\n")).unwrap();
+    Lock::new(&repo, "s", "o/r")
+        .with_env("SKILL_LOCK_CONFIG", &config)
+        .acquire()
+        .is("already_running");
 }

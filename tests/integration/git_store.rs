@@ -153,11 +153,16 @@ fn witnessed_loop_never_overlaps_and_fences_strictly_increase() {
 #[test]
 fn two_clones_contend_through_origin_and_plain_clones_never_see_lock_refs() {
     let env = TestEnv::new();
-    let origin = bare_repo(&env.path("origin.git"));
+    // A remote name must answer a network URL (SPEC §8): the origin is
+    // served by a git daemon on loopback, as a forge serves it.
+    let served = env.dir("served");
+    let origin = bare_repo(&served.join("origin.git"));
+    let daemon = crate::common::gitd::Daemon::start(&served, 26400);
+    let origin_url = daemon.url("origin.git");
     let seed = env.git_repo("seed");
     git_out(&seed, &["push", "-q", origin.to_str().unwrap(), "main"]);
     let clone = |name: &str| {
-        git_out(&env.root, &["clone", "-q", origin.to_str().unwrap(), name]);
+        git_out(&env.root, &["clone", "-q", &origin_url, name]);
         env.path(name)
     };
     let laptop = clone("laptop");

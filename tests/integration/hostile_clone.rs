@@ -31,42 +31,42 @@ use crate::harness::run_verbs::set_field;
 use crate::harness::verbs::{Lock, Reply, reply, run_reply};
 use crate::harness::{Cmd, Out, TestEnv, Value};
 
-const SKILL: &str = "issue-triage";
-const REPO: &str = "apache/airflow";
+pub(crate) const SKILL: &str = "issue-triage";
+pub(crate) const REPO: &str = "apache/airflow";
 /// The lock's name in a file store (`<skill>@<owner>__<name>`).
-const NAME: &str = "issue-triage@apache__airflow";
-const OTHER: &str = "pr-stale-sweep";
-const OTHER_NAME: &str = "pr-stale-sweep@apache__airflow";
+pub(crate) const NAME: &str = "issue-triage@apache__airflow";
+pub(crate) const OTHER: &str = "pr-stale-sweep";
+pub(crate) const OTHER_NAME: &str = "pr-stale-sweep@apache__airflow";
 /// A well-formed token nobody holds.
-const NO_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+pub(crate) const NO_TOKEN: &str = "0123456789abcdef0123456789abcdef";
 /// The largest fence there is.
 const MAX: u64 = u64::MAX;
 /// The folder of rule 3, where earlier versions also kept an adopted
 /// project's locks and configuration.
-const LOCAL: &str = ".apache-magpie-local";
+pub(crate) const LOCAL: &str = ".apache-magpie-local";
 
 /// A temporary world: the repositories, their clones, and a home directory
 /// for git with no configuration in it.
-struct World {
-    env: TestEnv,
-    home: PathBuf,
+pub(crate) struct World {
+    pub(crate) env: TestEnv,
+    pub(crate) home: PathBuf,
 }
 
 impl World {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let env = TestEnv::new();
         let home = env.dir("home");
         Self { env, home }
     }
 
-    fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.env.path(rel)
     }
 
     /// Runs git in `dir` as a user with no configuration of their own
     /// (`GIT_CONFIG_NOSYSTEM`, an empty `HOME`); returns its stdout.
     #[track_caller]
-    fn git(&self, dir: &Path, args: &[&str]) -> String {
+    pub(crate) fn git(&self, dir: &Path, args: &[&str]) -> String {
         let out = Command::new("git")
             .args(["-c", "user.name=t", "-c", "user.email=t@t"])
             .args(["-c", "init.defaultBranch=main"])
@@ -92,7 +92,7 @@ impl World {
     }
 
     /// A new repository at `rel` whose first commit holds `files`.
-    fn origin(&self, rel: &str, files: &[(&str, &str)]) -> PathBuf {
+    pub(crate) fn origin(&self, rel: &str, files: &[(&str, &str)]) -> PathBuf {
         let dir = self.env.dir(rel);
         self.git(&dir, &["init", "-q"]);
         self.commit(&dir, files, "hostile");
@@ -100,7 +100,7 @@ impl World {
     }
 
     /// Writes `files` below `dir` and commits everything there, ignored or not.
-    fn commit(&self, dir: &Path, files: &[(&str, &str)], msg: &str) {
+    pub(crate) fn commit(&self, dir: &Path, files: &[(&str, &str)], msg: &str) {
         for (rel, body) in files {
             write(&dir.join(rel), body);
         }
@@ -109,7 +109,7 @@ impl World {
     }
 
     /// `git clone [extra] file://<origin> <rel>`, as from a forge.
-    fn clone(&self, origin: &Path, rel: &str, extra: &[&str]) -> PathBuf {
+    pub(crate) fn clone(&self, origin: &Path, rel: &str, extra: &[&str]) -> PathBuf {
         let url = format!("file://{}", origin.display());
         let mut args = vec!["clone", "-q"];
         args.extend_from_slice(extra);
@@ -120,7 +120,7 @@ impl World {
 
     /// The tree of `origin`'s HEAD unpacked at `rel` (`git archive | tar x`,
     /// as a release tarball is): no checkout at all (SPEC §5 rule 3).
-    fn export(&self, origin: &Path, rel: &str) -> PathBuf {
+    pub(crate) fn export(&self, origin: &Path, rel: &str) -> PathBuf {
         let tar = self.path(&format!("{rel}.tar"));
         self.git(
             origin,
@@ -148,7 +148,7 @@ impl World {
 
     /// A repository whose first commit (branch `pre-adoption`) predates its
     /// adoption and whose second (on `main`) adds `.apache-magpie.lock`.
-    fn adopted_origin(&self, rel: &str) -> PathBuf {
+    pub(crate) fn adopted_origin(&self, rel: &str) -> PathBuf {
         let dir = self.origin(rel, &[("README", "before\n"), ("src/lib.rs", "\n")]);
         self.git(&dir, &["branch", "pre-adoption"]);
         self.commit(&dir, &[(".apache-magpie.lock", "")], "adopt");
@@ -156,14 +156,14 @@ impl World {
     }
 }
 
-fn write(path: &Path, body: &str) {
+pub(crate) fn write(path: &Path, body: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, body).unwrap();
 }
 
 /// The typed answer of `verb` (`run` prints its object on stderr).
 #[track_caller]
-fn answer(verb: &str, out: &Out) -> Reply {
+pub(crate) fn answer(verb: &str, out: &Out) -> Reply {
     if verb == "run" {
         run_reply(out)
     } else {
@@ -173,7 +173,7 @@ fn answer(verb: &str, out: &Out) -> Reply {
 
 /// Every command of SPEC §2 on one lock (and on the store), run from `cwd`
 /// as a user sweeping a checkout runs them.
-fn every_command(cwd: &Path) -> Vec<(&'static str, Cmd)> {
+pub(crate) fn every_command(cwd: &Path) -> Vec<(&'static str, Cmd)> {
     let lock = Lock::new(cwd, SKILL, REPO);
     vec![
         ("acquire", lock.op("acquire").cmd()),
@@ -191,7 +191,7 @@ fn every_command(cwd: &Path) -> Vec<(&'static str, Cmd)> {
 /// The answer a command gives where a repository committed a
 /// configuration: `usage`, naming the file.
 #[track_caller]
-fn refused_for(verb: &str, out: &Out, config: &Path) {
+pub(crate) fn refused_for(verb: &str, out: &Out, config: &Path) {
     match answer(verb, out) {
         Reply::Error { error, message, .. } => {
             assert_eq!(error, "usage", "{verb}: {message}");
@@ -217,7 +217,7 @@ const HOOKS: [&str; 6] = [
 
 /// A bare repository at `dir`, made to be committed as plain files, whose
 /// every hook appends its name to `marker` (outside every checkout).
-fn bare_repo_with_hooks(w: &World, dir: &Path, marker: &Path) {
+pub(crate) fn bare_repo_with_hooks(w: &World, dir: &Path, marker: &Path) {
     w.git(
         dir.parent().unwrap(),
         &[
@@ -303,15 +303,15 @@ fn a_committed_config_naming_a_bare_repo_with_hooks_runs_nothing() {
 
 /// A loopback listener the test owns: a thread accepts (non-blocking) and
 /// counts every connection, dropping each at once.
-struct Listener {
-    port: u16,
+pub(crate) struct Listener {
+    pub(crate) port: u16,
     count: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Listener {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -338,7 +338,7 @@ impl Listener {
 
     /// Connections accepted so far (after a moment, so that one a command
     /// made just before it ended is counted too).
-    fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         std::thread::sleep(Duration::from_millis(20));
         self.count.load(Ordering::SeqCst)
     }
@@ -397,7 +397,7 @@ fn a_committed_config_naming_a_host_never_connects_to_it() {
 /// Every path below `dir` (and `dir` itself) with its mode (`st_mode`: type
 /// and permissions) and what it holds: a file's SHA-256, a link's target,
 /// `dir` for a directory.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u32, String)> {
+pub(crate) fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u32, String)> {
     fn walk(p: &Path, out: &mut BTreeMap<PathBuf, (u32, String)>) {
         let meta = std::fs::symlink_metadata(p).unwrap();
         let what = if meta.file_type().is_symlink() {
@@ -421,7 +421,7 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u32, String)> {
 }
 
 /// `snap` without what lies at or below any of `layers`.
-fn outside(
+pub(crate) fn outside(
     mut snap: BTreeMap<PathBuf, (u32, String)>,
     layers: &[PathBuf],
 ) -> BTreeMap<PathBuf, (u32, String)> {
@@ -430,7 +430,7 @@ fn outside(
 }
 
 /// What differs between two snapshots, one line a path.
-fn changes(
+pub(crate) fn changes(
     before: &BTreeMap<PathBuf, (u32, String)>,
     after: &BTreeMap<PathBuf, (u32, String)>,
 ) -> Vec<String> {
@@ -514,7 +514,7 @@ fn a_committed_config_naming_a_path_writes_nothing_outside_the_layer() {
 /// acquisition (30 days of lease) in a plain folder `rel`: the record's
 /// lease is judged by its `expires` alone (the boot-clock deadline dropped),
 /// so a test can set it.
-fn real_state(w: &World, rel: &str) -> (Value, Value) {
+pub(crate) fn real_state(w: &World, rel: &str) -> (Value, Value) {
     let scratch = w.env.dir(rel);
     let lock = Lock::new(&scratch, SKILL, REPO);
     match lock.op("acquire").root(".").ttl(2_592_000).reply() {
@@ -531,8 +531,22 @@ fn real_state(w: &World, rel: &str) -> (Value, Value) {
     (record, event)
 }
 
+/// The fields of a record whose lease started now and ends in `secs`.
+pub(crate) fn within(secs: i64) -> Vec<(&'static str, Value)> {
+    let fmt = time::format_description::well_known::Rfc3339;
+    let now = time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap();
+    let at = |t: time::OffsetDateTime| Value::from(t.format(&fmt).unwrap());
+    vec![
+        ("started", at(now)),
+        ("expires", at(now + time::Duration::seconds(secs))),
+        ("ttl", secs.into()),
+    ]
+}
+
 /// `v` with its fields set, as one line of text.
-fn with(v: &Value, fields: &[(&str, Value)]) -> String {
+pub(crate) fn with(v: &Value, fields: &[(&str, Value)]) -> String {
     let mut v = v.clone();
     for (f, to) in fields {
         set_field(&mut v, f, to.clone());
@@ -540,7 +554,7 @@ fn with(v: &Value, fields: &[(&str, Value)]) -> String {
     format!("{v}\n")
 }
 
-const PAST: &str = "2001-01-01T00:00:00Z";
+pub(crate) const PAST: &str = "2001-01-01T00:00:00Z";
 
 /// SPEC §5 rule 1 and the upgrade: lock state of every kind committed under
 /// `.apache-magpie-local/run/` lies, in a git clone, in the working tree and
@@ -554,7 +568,9 @@ const PAST: &str = "2001-01-01T00:00:00Z";
 fn committed_lock_state_in_a_git_clone_is_not_the_lock() {
     let w = World::new();
     let (record, event) = real_state(&w, "scratch");
-    let live = with(&record, &[]);
+    // A live lease of the original tool: an hour left (at most 24 hours
+    // ahead holds the name, SPEC §5 "Upgrading from the original tool").
+    let live = with(&record, &within(3600));
     let history = [NAME, OTHER_NAME]
         .iter()
         .map(|n| with(&event, &[("lock", (*n).into()), ("fence", MAX.into())]))
@@ -627,13 +643,9 @@ fn committed_lock_state_in_a_git_clone_is_not_the_lock() {
             out.stderr
         );
         match answer(verb, &out) {
-            Reply::Error { error, message, .. } => {
-                assert_eq!(error, "io", "{message}");
-                assert!(
-                    message.contains(planted.to_str().unwrap()),
-                    "{verb}: the message names {}: {message}",
-                    planted.display()
-                );
+            Reply::AlreadyRunning { lock, hint, .. } => {
+                assert_eq!(Path::new(&lock), planted, "{verb}: {hint}");
+                assert!(hint.contains(planted.to_str().unwrap()), "{verb}: {hint}");
             }
             other => panic!("{verb}: {other:?}"),
         }
@@ -984,7 +996,7 @@ fn gitignore_tricks_and_git_clean_never_free_a_held_lock() {
 /// sees the first's token hold it; and from everywhere the lock is in
 /// `layer` (checked last, so that a split shows as what it does).
 #[track_caller]
-fn contend(places: &[PathBuf], layer: &Path) {
+pub(crate) fn contend(places: &[PathBuf], layer: &Path) {
     let mut locks = Vec::new();
     for a in places {
         for b in places.iter().filter(|b| *b != a) {
@@ -1135,12 +1147,10 @@ fn the_worktrees_of_a_bare_clone_share_one_lock_before_and_after_adoption() {
     );
 }
 
-/// SPEC §5 rule 1: a submodule is a checkout of its own (its own git
-/// directory, `<super>/.git/modules/<name>/`): its lock lives there, shared
-/// by its worktrees (one on a branch from before its adoption), and is not
-/// the superproject's.
+/// SPEC §5 root rule 1: a submodule (made by `clone --recurse-submodules`)
+/// makes no second project for the same (skill, repo).
 #[test]
-fn a_submodule_locks_in_its_own_git_dir_shared_by_its_worktrees() {
+fn a_submodule_belongs_to_its_superproject() {
     let w = World::new();
     let origin = w.adopted_origin("origin");
     let upstream = w.origin("super", &[("README", "super\n")]);
@@ -1150,35 +1160,11 @@ fn a_submodule_locks_in_its_own_git_dir_shared_by_its_worktrees() {
     let clone = w.clone(&upstream, "clone", &["--recurse-submodules"]);
     let module = clone.join("mod");
     assert!(module.join(".apache-magpie.lock").exists());
-    let wt = w.path("mod-wt");
-    w.git(
-        &module,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            "old",
-            wt.to_str().unwrap(),
-            "origin/pre-adoption",
-        ],
-    );
-    let layer = clone.join(".git/modules/mod/apache-magpie");
-    contend(&[module.clone(), module.join("src"), wt], &layer);
-
-    // The superproject is another checkout: its lock is its own.
-    let held = Lock::new(&module, SKILL, REPO);
-    let token = held.acquire().token().to_owned();
-    match Lock::new(&clone, SKILL, REPO).acquire() {
-        Reply::Acquired { lock, .. } => {
-            assert!(
-                Path::new(&lock).starts_with(clone.join(".git/apache-magpie")),
-                "{lock}"
-            );
-        }
-        other => panic!("the superproject: {other:?}"),
-    }
-    assert!(matches!(held.check(&token), Reply::Held { .. }));
+    // SPEC §5 root rule 1: a submodule (its git directory below the
+    // superproject's `modules/`) belongs to the superproject, as an svn
+    // external belongs to its outer working copy: one lock from all three.
+    let layer = clone.join(".git/apache-magpie");
+    contend(&[clone.clone(), module.clone(), module.join("src")], &layer);
 }
 
 /// SPEC §5 rule 1: a branch switch that removes (or adds) the project's

@@ -42,6 +42,7 @@ mod git_store;
 mod history;
 mod hostile;
 mod hostile_clone;
+mod hostile_trees;
 mod interleavings;
 mod linearizable;
 // The server exists only with the `mcp` feature (on by default).

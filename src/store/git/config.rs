@@ -36,9 +36,12 @@ pub struct GitConfig {
     /// opening the store does) a remote name is its URL and a relative path
     /// is absolute.
     pub remote: String,
-    /// The checkout whose remotes a name refers to (the current directory,
-    /// or the root for a store named in `skill-lock.toml`).
+    /// The directory a relative path is taken against (the current
+    /// directory), or the checkout whose remote a name refers to.
     pub checkout: PathBuf,
+    /// The checkout's git directory as SPEC §5 verified it: a remote name
+    /// is resolved there and nowhere else (`None`: no git checkout here).
+    pub git_dir: Option<PathBuf>,
     /// Optional namespace under `refs/skill-lock/`.
     pub namespace: Option<String>,
     /// Deadline of one command's git work (`SKILL_LOCK_GIT_TIMEOUT`, seconds).
@@ -257,6 +260,7 @@ impl GitConfig {
             url: url.to_owned(),
             remote: remote.to_owned(),
             checkout: cwd.to_path_buf(),
+            git_dir: None,
             namespace,
             timeout,
             clock_skew: clock_skew.min(MAX_CLOCK_SKEW),
@@ -287,73 +291,116 @@ impl GitConfig {
         }
     }
 
-    /// Resolves the remote: the name of a remote of the checkout becomes its
-    /// push URL (else its URL) by `git remote get-url`, a local path is made
-    /// absolute; what it resolved to is checked again as if typed.
+    /// Does the URL name a remote of the checkout (a REMOTE with no `/`,
+    /// `\\` or `:`), rather than a URL or a path (SPEC §8)?
+    #[must_use]
+    pub fn names_a_remote(&self) -> bool {
+        is_remote_name(&self.remote)
+    }
+
+    /// Does the URL name a relative local path (`git:tools/store.git`)?
+    #[must_use]
+    pub fn names_a_relative_path(&self) -> bool {
+        !self.names_a_remote()
+            && is_local_path(&self.remote)
+            && Path::new(&self.remote).is_relative()
+    }
+
+    /// Resolves the remote: a name becomes the push URL (else the URL) of
+    /// that remote of the checkout's verified git directory, which must be
+    /// a network URL; a local path is made absolute; what it resolved to is
+    /// checked again as if typed.
     ///
     /// # Errors
-    /// [`Error::Usage`] for a name that is neither a remote of the checkout
-    /// nor a URL or path, or that resolves to a refused remote.
+    /// [`Error::Usage`] for a name that is no remote of a git checkout here,
+    /// that answers a local path or `file://` URL, or a refused remote.
     pub fn resolve(mut self) -> Result<Self> {
-        let remote = resolve_remote(&self.remote, &self.checkout, &self.url)?;
+        let remote = if self.names_a_remote() {
+            resolve_name(&self.remote, self.git_dir.as_deref(), &self.url)?
+        } else {
+            absolute_if_local(&self.remote, &self.checkout)
+        };
         validate_remote(&remote, &self.url)?;
         self.remote = remote;
         Ok(self)
     }
 }
 
-pub(super) fn resolve_remote(remote: &str, cwd: &Path, url: &str) -> Result<String> {
-    // Remote names may hold '/', never ':'; a path starting with '.' or '/' is a path.
-    let looks_like_name = !remote.contains([':', '\\']) && !remote.starts_with(['.', '/', '~']);
-    if looks_like_name {
-        // `git remote get-url --push`: the push URL, else the URL, rewritten
-        // by the user's insteadOf rules; an error when there is no such remote.
-        let mut cmd = git_command();
-        cmd.current_dir(cwd)
-            .args(["remote", "get-url", "--push", "--", remote]);
-        if let Ok(Some(out)) = run(
-            &mut cmd,
-            None,
-            Instant::now() + Duration::from_secs(5),
-            cmd::STDOUT_CAP,
-        ) && out.ok()
-        {
-            let v = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            if !v.is_empty() {
-                // The checkout's configuration is checked as if typed.
-                validate_remote(&v, url)?;
-                if is_local_path(&v) && Path::new(&v).is_relative() {
-                    // Relative to the checkout's top, as git reads it.
-                    let top = toplevel(cwd).unwrap_or_else(|| cwd.to_path_buf());
-                    return Ok(absolute_if_local(&v, &top));
-                }
-                return Ok(v);
-            }
-        }
-        if !cwd.join(remote).exists() {
-            return Err(Error::Usage(format!(
-                "store {url:?}: {remote:?} is not a remote of the checkout at {} (see `git remote -v`), nor a URL or path; use git:URL, e.g. git:file:///srv/coord.git",
-                cwd.display()
-            )));
-        }
-    }
-    Ok(absolute_if_local(remote, cwd))
+/// A REMOTE with no `/`, `\\` or `:` is always a remote's name, never a path.
+fn is_remote_name(remote: &str) -> bool {
+    !remote.contains(['/', '\\', ':'])
 }
 
-pub(super) fn toplevel(cwd: &Path) -> Option<PathBuf> {
+/// Is `url` a network URL (`https://`, `http://`, `ssh://`, `git://`, or
+/// scp-like `host:path`), as a remote name must answer? A local path or a
+/// `file://` URL would let a forged checkout's repository run its hooks;
+/// a `<transport>::` address runs a helper.
+pub(super) fn is_network_url(url: &str) -> bool {
+    if url.contains("::") {
+        return false;
+    }
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let scheme = scheme.to_ascii_lowercase();
+        return matches!(
+            scheme.as_str(),
+            "https" | "http" | "ssh" | "git" | "git+ssh" | "ssh+git"
+        ) && !rest.is_empty();
+    }
+    // scp-like: a host of two or more characters (`C:` is a Windows drive).
+    match url.split_once(':') {
+        Some((host, path)) => {
+            !is_local_path(url)
+                && host.chars().count() > 1
+                && !host.starts_with('-')
+                && !path.is_empty()
+        }
+        None => false,
+    }
+}
+
+/// The URL of remote `name` of the verified git directory `git_dir`, by
+/// `git remote get-url --push` with `GIT_DIR` set (never git's own search,
+/// which would find a `.git` an svn working copy carries).
+fn resolve_name(name: &str, git_dir: Option<&Path>, url: &str) -> Result<String> {
+    let Some(git_dir) = git_dir else {
+        return Err(Error::Usage(format!(
+            "store {url:?}: {name:?} is the name of a remote, and here is no git checkout to \
+             have one (SPEC §5 layer rule 1); name the repository itself, e.g. \
+             git:https://host/locks.git or git:/srv/locks.git (`skill-lock doctor` says more)"
+        )));
+    };
     let mut cmd = git_command();
-    cmd.current_dir(cwd).args(["rev-parse", "--show-toplevel"]);
-    let out = run(
+    cmd.current_dir(git_dir)
+        .env("GIT_DIR", git_dir)
+        .args(["remote", "get-url", "--push", "--", name]);
+    let answered = match run(
         &mut cmd,
         None,
         Instant::now() + Duration::from_secs(5),
         cmd::STDOUT_CAP,
-    )
-    .ok()
-    .flatten()?;
-    (out.code == Some(0))
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-        .filter(|p| p.is_absolute())
+    ) {
+        Ok(Some(out)) if out.ok() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        _ => String::new(),
+    };
+    if answered.is_empty() {
+        return Err(Error::Usage(format!(
+            "store {url:?}: {name:?} is not a remote of the checkout whose git directory is {} \
+             (see `git remote -v`); a name is never taken as a path: name the repository \
+             itself, e.g. git:https://host/locks.git or git:/srv/locks.git",
+            git_dir.display()
+        )));
+    }
+    validate_remote(&answered, url)?;
+    if !is_network_url(&answered) {
+        return Err(Error::Usage(format!(
+            "store {url:?}: the remote {name:?} answers {:?}, which is no network URL; a local \
+             repository named by a checkout could be anyone's and git would run its hooks, so \
+             name it yourself if it is yours (git:/srv/locks.git, --store or your \
+             configuration file)",
+            redact(&answered)
+        )));
+    }
+    Ok(answered)
 }
 
 pub(super) fn absolute_if_local(remote: &str, base: &Path) -> String {
