@@ -217,6 +217,8 @@ enum Command {
     Run(RunArgs),
     /// Show the newest lock events, oldest first (read-only).
     History(HistoryArgs),
+    /// Serve the lock as MCP tools on stdin/stdout, for one agent session (SPEC §2.9).
+    Mcp,
     /// Say where the root, the layer, the configuration and the store are, and why.
     #[command(after_help = DOCTOR_HELP)]
     Doctor(DoctorArgs),
@@ -280,15 +282,7 @@ fn wait_of(w: &OsString) -> Result<Duration> {
 }
 
 fn since_of(v: &OsString) -> Result<u64> {
-    let text = v.to_string_lossy();
-    if text == "null" {
-        return Ok(0);
-    }
-    text.parse::<u64>().map_err(|_| {
-        Error::Usage(format!(
-            "--since {text:?}: give the fence that status showed (a whole number; null or 0 when it showed none)"
-        ))
-    })
+    config::parse_since(&v.to_string_lossy())
 }
 
 impl TakeArgs {
@@ -340,7 +334,11 @@ impl Command {
             Self::Release(a) => &a.lock,
             Self::Status(a) => a,
             Self::Check(a) => &a.lock,
-            Self::List | Self::History(_) | Self::Doctor(_) | Self::Completions { .. } => {
+            Self::List
+            | Self::History(_)
+            | Self::Mcp
+            | Self::Doctor(_)
+            | Self::Completions { .. } => {
                 return None;
             }
         };
@@ -401,7 +399,7 @@ impl Command {
                 let (key, limit) = a.validate()?;
                 Action::History { key, limit }
             }
-            Self::Completions { .. } | Self::Doctor(_) => {
+            Self::Completions { .. } | Self::Mcp | Self::Doctor(_) => {
                 return Err(Error::Internal("not a lock command".into()));
             }
         })
@@ -524,6 +522,9 @@ where
         Ok(env) => env,
         Err(err) => return Report::error(&err, None).emit(channel),
     };
+    if let Command::Mcp = cli.command {
+        return mcp(cli.store, cli.root.as_deref(), env, channel);
+    }
     if let Command::Doctor(a) = cli.command {
         let key = match (a.skill, a.repo) {
             (Some(skill), Some(repo)) => match key_of(&LockArgs { skill, repo }) {
@@ -548,6 +549,42 @@ where
         .and_then(|settings| crate::commands::execute(&settings, channel))
         .unwrap_or_else(|err| Report::error(&err, lock).emit(channel))
 }
+/// `skill-lock mcp`: serves until the session ends (SPEC §2.9). Each tool
+/// call names its own root, so `--root` is refused here; `--store` holds
+/// for every call, as for any command.
+#[cfg(feature = "mcp")]
+fn mcp(
+    store: Option<OsString>,
+    root: Option<&std::path::Path>,
+    env: Environment,
+    channel: Channel,
+) -> ExitStatus {
+    if root.is_some() {
+        let err = Error::Usage(
+            "mcp takes no --root: each tool call names its checkout in its `root` argument".into(),
+        );
+        return Report::error(&err, None).emit(channel);
+    }
+    crate::mcp::serve(store, env)
+}
+
+/// `skill-lock mcp` in a build without the server: a usage error that says
+/// which build has it.
+#[cfg(not(feature = "mcp"))]
+fn mcp(
+    _store: Option<OsString>,
+    _root: Option<&std::path::Path>,
+    _env: Environment,
+    channel: Channel,
+) -> ExitStatus {
+    let err = Error::Usage(
+        "this build has no MCP server (cargo feature \"mcp\"): install the bundle or the wheel, \
+         or build with the default features"
+            .into(),
+    );
+    Report::error(&err, None).emit(channel)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

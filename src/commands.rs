@@ -32,24 +32,11 @@ pub(crate) fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatu
         ));
     }
     let store = settings.store.open()?;
-    let report = match &settings.action {
+    if let Action::List = settings.action {
         // Printed as it is read: never all in memory.
-        Action::List => return list(settings, &store),
-        Action::Acquire { key, req, wait } => acquire(settings, &store, key, req, *wait)?,
-        Action::Run {
-            key,
-            req,
-            wait,
-            cmd,
-        } => run(settings, &store, key, req, *wait, cmd)?,
-        Action::Renew { key, token, ttl } => renew(settings, &store, key, token.as_deref(), *ttl)?,
-        Action::Release { key, token, force } => {
-            release(settings, &store, key, token.as_deref(), *force)?
-        }
-        Action::Status { key } => status(settings, &store, key)?,
-        Action::Check { key, token } => check(settings, &store, key, token)?,
-        Action::History { key, limit } => history(&store, key.as_ref(), *limit)?,
-    };
+        return list(settings, &store);
+    }
+    let report = report(settings, &store)?;
     match (report.write(channel), &settings.action, report.token()) {
         (Ok(()), ..) => Ok(report.exit_status()),
         (Err(e), Action::Acquire { key, .. }, Some(token)) => {
@@ -61,6 +48,38 @@ pub(crate) fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatu
             Ok(ExitStatus::Error)
         }
     }
+}
+
+/// The object of the settings' action on the opened `store`, not yet
+/// written anywhere: what the command prints, and what the MCP server's
+/// tool of the same name answers (SPEC §2.9).
+///
+/// # Errors
+/// Anything that stops the command before it reaches an outcome;
+/// [`crate::error::Error::Internal`] for `list`, which is printed as it is
+/// read and never held whole.
+pub(crate) fn report(settings: &Settings, store: &AnyStore) -> Result<Report> {
+    Ok(match &settings.action {
+        Action::List => {
+            return Err(crate::error::Error::Internal(
+                "list is printed as the store reads it, never held as one object".into(),
+            ));
+        }
+        Action::Acquire { key, req, wait } => acquire(settings, store, key, req, *wait)?,
+        Action::Run {
+            key,
+            req,
+            wait,
+            cmd,
+        } => run(settings, store, key, req, *wait, cmd)?,
+        Action::Renew { key, token, ttl } => renew(settings, store, key, token.as_deref(), *ttl)?,
+        Action::Release { key, token, force } => {
+            release(settings, store, key, token.as_deref(), *force)?
+        }
+        Action::Status { key } => status(settings, store, key)?,
+        Action::Check { key, token } => check(settings, store, key, token)?,
+        Action::History { key, limit } => history(store, key.as_ref(), *limit)?,
+    })
 }
 
 /// An `acquired` result that could not be written in full (standard

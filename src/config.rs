@@ -232,6 +232,19 @@ pub fn validate_note(note: &OsString) -> Result<String> {
     Ok(text.to_owned())
 }
 
+/// The fence of `--since` (and of the MCP tool's `since`): a whole number,
+/// `null` standing for 0 (what `status` shows when it knows no fence).
+pub(crate) fn parse_since(text: &str) -> Result<u64> {
+    if text == "null" {
+        return Ok(0);
+    }
+    text.parse::<u64>().map_err(|_| {
+        Error::Usage(format!(
+            "--since {text:?}: give the fence that status showed (a whole number; null or 0 when it showed none)"
+        ))
+    })
+}
+
 /// Checks `--owner-pid`: a process that exists on this host now.
 ///
 /// # Errors

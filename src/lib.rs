@@ -74,6 +74,8 @@ pub mod key;
 mod layer;
 pub mod lease;
 mod liveness;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod output;
 mod ownership;
 pub mod record;

@@ -592,6 +592,18 @@ impl Report {
         }
     }
 
+    /// The fence an object names as this acquisition's: `acquired`'s, and
+    /// `renewed`'s (new when the lease was revived, SPEC §2.2).
+    #[cfg(feature = "mcp")]
+    #[must_use]
+    pub(crate) fn fence(&self) -> Option<u64> {
+        match self {
+            Self::Acquired(a) => Some(a.fence),
+            Self::Renewed(r) => Some(r.fence),
+            _ => None,
+        }
+    }
+
     /// What the object said, for a note on stderr when it could not be
     /// written: an error's message, else its `result`.
     #[must_use]

@@ -16,6 +16,8 @@ pub mod doctor;
 pub mod etcdctl;
 pub mod gitd;
 pub mod http2;
+/// `skill-lock mcp` driven by the Python client and in raw JSON-RPC.
+pub mod mcp;
 /// Every store a conformance test runs on, and the macro that runs it there.
 #[macro_use]
 pub mod stores;

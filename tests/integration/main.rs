@@ -45,6 +45,9 @@ mod hostile_clone;
 mod hostile_trees;
 mod interleavings;
 mod linearizable;
+// The server exists only with the `mcp` feature (on by default).
+#[cfg(feature = "mcp")]
+mod mcp;
 mod races;
 mod run_edges;
 mod run_tree;

@@ -10,9 +10,11 @@
 //! around them is the block's prose: branch on the exit status, read again
 //! when `others_since` is true or `status` said `held`, renew before each
 //! post, release with the token. The skill posts to a fake forge on
-//! loopback that records every comment.
+//! loopback that records every comment. The same orderings run once more
+//! with the sessions speaking MCP (the block's "MCP form", one `skill-lock
+//! mcp` per session, killed and frozen with it), mixed with shell runs.
 //!
-//! Covers: SPEC §1, §2.1, §2.4, §2.7.
+//! Covers: SPEC §1, §2.1, §2.4, §2.7, §2.9.
 
 use crate::common;
 
@@ -370,6 +372,12 @@ fn write_scripts(env: &TestEnv) -> (PathBuf, PathBuf) {
 /// must read again (its `others_since` is true) and post nothing. Without
 /// the re-read step, B posts everything A posted.
 fn scripted_interleaving(store: &Store, reread: bool) -> usize {
+    scripted_interleaving_in(store, reread, false).unwrap_or(0)
+}
+
+/// [`scripted_interleaving`], the runs in the shell form or (`mcp`) in the
+/// MCP form; `None` when the MCP client is missing (SKIPPED).
+fn scripted_interleaving_in(store: &Store, reread: bool, mcp: bool) -> Option<usize> {
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
     let store = Store {
@@ -378,7 +386,8 @@ fn scripted_interleaving(store: &Store, reread: bool) -> usize {
         ttl: store.ttl,
         _daemon: None,
     };
-    let (script, _) = write_scripts(&env);
+    let (block, _) = write_scripts(&env);
+    let script = if mcp { write_mcp_script(&env)? } else { block };
     let forge = Forge::start(Duration::from_secs(3600));
     let spec = |id, gate: &str| RunSpec {
         id,
@@ -411,7 +420,7 @@ fn scripted_interleaving(store: &Store, reread: bool) -> usize {
         "{}: A posts the three open issues",
         store.name
     );
-    doubles(&posts, &BTreeMap::new()).1
+    Some(doubles(&posts, &BTreeMap::new()).1)
 }
 
 #[test]
@@ -454,8 +463,14 @@ enum Fault {
 
 fn campaign(store: &Store, runs: u32) {
     let env = TestEnv::new();
+    campaign_in(&env, store, runs, None);
+}
+
+/// The campaign; with `mcp`, seven runs in ten follow the MCP form (that
+/// script), the rest the shell block and `run`, all on one lock.
+fn campaign_in(env: &TestEnv, store: &Store, runs: u32, mcp: Option<&Path>) {
     let repo = env.git_repo("repo");
-    let (block, run_form) = write_scripts(&env);
+    let (block, run_form) = write_scripts(env);
     let forge = Forge::start(Duration::from_millis(400));
     let seed = Seed::from_env("write-block campaign", "WRITE_BLOCK_SEED");
     let mut rng = seed.rng(u64::from(runs) ^ store.ttl);
@@ -470,7 +485,11 @@ fn campaign(store: &Store, runs: u32) {
             };
             let spec = RunSpec {
                 id,
-                script: if form < 15 { &run_form } else { &block },
+                script: match mcp {
+                    Some(mcp) if form >= 30 => mcp,
+                    _ if form < 15 => &run_form,
+                    _ => &block,
+                },
                 store,
                 forge: &forge,
                 think: Duration::from_millis(rng.below(400)),
@@ -491,8 +510,10 @@ fn campaign(store: &Store, runs: u32) {
     let mut frozen: Vec<(usize, Instant)> = Vec::new();
     loop {
         let now = Instant::now();
+        // A Python client per MCP run: more to start on a loaded machine.
+        let deadline = Duration::from_secs(if mcp.is_some() { 300 } else { 60 });
         assert!(
-            now < started + Duration::from_secs(60),
+            now < started + deadline,
             "{}: the campaign did not end",
             store.name
         );
@@ -500,7 +521,7 @@ fn campaign(store: &Store, runs: u32) {
         for (i, (at, _, spec)) in plan.iter().enumerate() {
             let Some((child, since)) = &mut live[i] else {
                 if now >= started + *at {
-                    live[i] = Some((start_run(&env, &repo, spec), now));
+                    live[i] = Some((start_run(env, &repo, spec), now));
                 }
                 pending = true;
                 continue;
@@ -508,11 +529,13 @@ fn campaign(store: &Store, runs: u32) {
             match faults[i] {
                 Fault::Kill(after) if now >= *since + after => {
                     signal_group(child, libc::SIGKILL);
+                    signal_server(env, spec.id, libc::SIGKILL);
                     faulted.insert(spec.id, now);
                     faults[i] = Fault::None;
                 }
                 Fault::Freeze(after) if now >= *since + after => {
                     signal_group(child, libc::SIGSTOP);
+                    signal_server(env, spec.id, libc::SIGSTOP);
                     faulted.insert(spec.id, now);
                     let lease = Duration::from_millis(store.ttl * 1000 + 1500);
                     frozen.push((i, now + lease));
@@ -530,6 +553,7 @@ fn campaign(store: &Store, runs: u32) {
             }
             if let Some((child, _)) = &live[*i] {
                 signal_group(child, libc::SIGCONT);
+                signal_server(env, plan[*i].2.id, libc::SIGCONT);
             }
             false
         });
@@ -560,4 +584,75 @@ fn campaign(store: &Store, runs: u32) {
     );
     assert!(posts.len() >= 5, "{}: the runs posted", store.name);
     assert_eq!(unexplained, 0, "{}: a comment was posted twice", store.name);
+}
+
+// ===== The MCP form (issue 36): the same orderings, the sessions speaking
+// MCP (tests/integration/mcp_skill.py, one `skill-lock mcp` per run). =====
+
+/// A bash script that runs one MCP-form session (mcp_skill.py), for
+/// [`start_run`]; `None` (SKIPPED) when the Python client is missing.
+fn write_mcp_script(env: &TestEnv) -> Option<PathBuf> {
+    let python = common::mcp::venv_python()?;
+    let skill = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/mcp_skill.py");
+    let script = env.path("skill-mcp.sh");
+    let pids = env.dir("server-pids");
+    std::fs::write(
+        &script,
+        format!(
+            "export SERVER_PID_FILE='{}'/\"$RUN\"\nexec '{}' '{}'\n",
+            pids.display(),
+            python.display(),
+            skill.display()
+        ),
+    )
+    .unwrap();
+    Some(script)
+}
+
+/// Sends `sig` to the MCP server of run `id`, once it holds the lock (the
+/// Python client runs its server in a session of its own).
+fn signal_server(env: &TestEnv, id: u32, sig: i32) {
+    let file = env.path("server-pids").join(id.to_string());
+    if let Some(pid) = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        // SAFETY: kill(2) with a valid signal number.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+#[cfg(feature = "mcp")]
+#[test]
+fn mcp_a_session_that_read_before_another_posted_reads_again_and_posts_nothing() {
+    let env = TestEnv::new();
+    let file = stores(&env).remove(0);
+    let Some(with) = scripted_interleaving_in(&file, true, true) else {
+        return;
+    };
+    let without = scripted_interleaving_in(&file, false, true).unwrap_or(0);
+    println!(
+        "scripted interleaving, MCP form, file store: {with} doubles with the read-again rule, \
+         {without} without it"
+    );
+    assert_eq!(with, 0, "the MCP form doubled a post");
+    assert_eq!(without, 3, "without the read-again rule every post doubles");
+}
+
+/// The campaign with seven runs in ten speaking MCP (their servers killed
+/// and frozen with them), the shell block and `run` on the same lock.
+#[cfg(feature = "mcp")]
+#[test]
+fn mcp_overlapping_sessions_killed_and_frozen_never_post_twice() {
+    let env = TestEnv::new();
+    let Some(mcp) = write_mcp_script(&env) else {
+        return;
+    };
+    // A Python client per run: a longer lease than the shell form's, so a
+    // loaded machine does not lose leases between a renew and its post.
+    let file = Store {
+        ttl: 4,
+        ..stores(&env).remove(0)
+    };
+    campaign_in(&env, &file, 16, Some(&mcp));
 }
