@@ -164,7 +164,12 @@ fn verified_git_dirs(root: &Path) -> Result<(PathBuf, PathBuf)> {
     let g = std::fs::canonicalize(&g).map_err(|e| {
         refused(
             &dot_git,
-            &format!("it leads to {}, which cannot be used ({e})", g.display()),
+            &format!(
+                "it leads to {}, which cannot be used ({e}; if that directory exists, it is \
+                 outside what this process may read: an agent's sandbox must allow reading and \
+                 writing the checkout's common git directory, where its locks live)",
+                g.display()
+            ),
         )
     })?;
     if !g.join("HEAD").is_file() {
