@@ -2,7 +2,7 @@
 //!
 //! A lease lock per (skill, repository) that batch automation takes before
 //! its write phase, so two overlapping runs never post the same comment twice.
-//! The contract is `SPEC.md`; the argument for its safety is `docs/design.md`.
+//! The contract is `docs/contract.md`; the argument for its safety is `docs/design.md`.
 //!
 //! - **Lease**: a lock carries an expiry; `renew` extends it; an expired lock
 //!   is taken over by the next acquirer. An optional owner pid on the same
