@@ -434,6 +434,7 @@ fn decide_renew(
         return Decision::Keep(outcome, vec![ev]);
     }
     let was_expired = matches!(lease::verdict(seen, &ctx.now), Verdict::Stale { .. });
+    let revived = was_expired || lease::readers_may_call_stale(seen, &ctx.now);
     let ttl = ttl.unwrap_or(rec.holder.ttl);
     let term = lease::term(&ctx.now, ttl);
     let terms = Terms {
@@ -447,7 +448,12 @@ fn decide_renew(
     let renewed = |holder: &Holder| {
         let mut ev = event(EventKind::Renewed, key, ctx, Some(holder));
         if was_expired {
-            ev.reason = Some("was_expired".into());
+            ev.reason = Some("was_expired; revived with a new fence".into());
+        } else if revived {
+            ev.reason = Some("revived with a new fence: a reader may have called it stale".into());
+        }
+        if revived {
+            ev.previous = Some(rec.holder.clone());
         }
         ev
     };
@@ -455,6 +461,12 @@ fn decide_renew(
         was_expired,
         now: ctx.now.clone(),
     };
+    // A revived lease is a new acquisition for the fence (SPEC §2.2):
+    // another run may have read the lock as `stale` meanwhile, and its
+    // `acquire --since` must find that someone held it since.
+    if revived {
+        return Decision::Acquire(Acquisition::revival(rec, terms, renewed, then));
+    }
     Decision::Renew(Renewal::new(rec, terms, renewed, then))
 }
 
@@ -929,6 +941,46 @@ mod tests {
         assert_eq!(
             renew(&store, &key(), Some(&token), None, &at(0)).unwrap(),
             Renew::NotHeld { corrupt: true }
+        );
+    }
+
+    #[test]
+    fn a_revived_lease_takes_a_new_fence_that_since_sees() {
+        let store = Memory::default();
+        // B reads status while A's lease has run out (stale), then A revives.
+        let (token, first) = acquired(&store, 10, &at(0));
+        let since = shown(&store, &at(20));
+        assert_eq!(since, first.fence);
+        let Renew::Renewed {
+            holder,
+            was_expired,
+            ..
+        } = renew(&store, &key(), Some(&token), None, &at(21)).unwrap()
+        else {
+            panic!("not renewed")
+        };
+        assert!(was_expired);
+        assert!(holder.fence > first.fence, "a revival takes a new fence");
+        assert_eq!(holder.started, first.started, "the same holder");
+        // A renewal of a live lease keeps it.
+        let Renew::Renewed { holder: kept, .. } =
+            renew(&store, &key(), Some(&token), None, &at(22)).unwrap()
+        else {
+            panic!("not renewed")
+        };
+        assert_eq!(kept.fence, holder.fence);
+        release(&store, &key(), Some(&token), false, &at(23)).unwrap();
+        let (_, _, others) = acquired_since(&store, since, &at(24));
+        assert_eq!(others, Some(true), "B must read again");
+        let events = store.events.borrow();
+        let revival = events
+            .iter()
+            .find(|e| e.event == EventKind::Renewed && e.previous.is_some())
+            .expect("the revival is in the history");
+        assert_eq!(revival.fence, Some(holder.fence));
+        assert_eq!(
+            revival.previous.as_ref().map(|p| p.fence),
+            Some(first.fence)
         );
     }
 

@@ -161,6 +161,36 @@ pub fn verdict_at(seen: &Seen, now: &Now, here: &Origin) -> Verdict {
     }
 }
 
+/// How long before the `expires` its holder was told a reader of a network
+/// store may already call a lease `stale` (SPEC §8: one second).
+pub const EARLY_STALE_MS: i64 = 1000;
+
+/// May a reader already call this lease `stale` (or will it, before a
+/// renewal decided now lands)? True when its lease has run out as this
+/// decision judges it, and on a store whose lease ends by the wall clock
+/// (a network store, [`LeaseEnd::Wall`]) also within [`EARLY_STALE_MS`]
+/// of the `expires` its holder was told, since a reader there may judge
+/// it that much early. A renewal of such a lease revives it: it takes a
+/// new fence (SPEC §2.2).
+#[must_use]
+pub fn readers_may_call_stale(seen: &Seen, now: &Now) -> bool {
+    if seen_remaining_ms(seen, now) <= 0 {
+        return true;
+    }
+    match seen.lease_end {
+        LeaseEnd::Recorded => false,
+        LeaseEnd::Wall(_) => {
+            let told = seen
+                .holder()
+                .expires
+                .0
+                .saturating_mul(1000)
+                .saturating_sub(now.wall_ms);
+            told <= EARLY_STALE_MS
+        }
+    }
+}
+
 /// Milliseconds left on the lease of a lock a store saw.
 #[must_use]
 pub fn seen_remaining_ms(seen: &Seen, now: &Now) -> i64 {

@@ -167,7 +167,8 @@ store_test!(
         std::thread::sleep(Duration::from_millis(3200));
         let r = lock.op("renew").token(&token).ttl(60).reply();
         assert!(r.was_expired(), "{r:?}");
-        lock.check(&token).is("held");
+        assert!(r.fence() > a.fence(), "a revived lease takes a new fence: {r:?}");
+        assert_eq!(lock.check(&token).is("held").fence(), r.fence());
         lock.op("release").expect(0, "released");
         lock.op("renew").expect(4, "not_held");
     }
