@@ -124,9 +124,12 @@ struct RenewArgs {
     /// New lease in seconds (default: the ttl it was acquired with).
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     ttl: Option<OsString>,
-    /// Renew only if this token holds the lock (default: $SKILL_LOCK_TOKEN).
+    /// The token acquire printed (default: $SKILL_LOCK_TOKEN): renews only if it holds the lock. Required unless --force.
     #[arg(long, allow_hyphen_values = true, value_name = "T")]
     token: Option<OsString>,
+    /// Operator's override: extend whoever holds the lock (no token; never in a skill).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +157,9 @@ struct CheckArgs {
 struct RunArgs {
     #[command(flatten)]
     take: TakeArgs,
+    /// Exit N (0-255) instead of 3 when CMD was not run because the lock is held (flock's -E), so a CMD that itself exits 3 is told apart; pick an N that CMD never exits with.
+    #[arg(long, allow_hyphen_values = true, value_name = "N")]
+    conflict_exit_code: Option<OsString>,
     /// The command to run while holding the lock.
     #[arg(last = true, required = true, value_name = "CMD")]
     cmd: Vec<OsString>,
@@ -182,7 +188,7 @@ enum Command {
     /// Take the lock when it is free or stale; prints the token.
     #[command(after_help = ACQUIRE_HELP)]
     Acquire(AcquireArgs),
-    /// Extend a held lease to now + ttl.
+    /// Extend your held lease to now + ttl (needs the token; renew right before each send).
     Renew(RenewArgs),
     /// Remove the lock (with --token: only if it is yours).
     Release(ReleaseArgs),
@@ -212,22 +218,46 @@ fn utf8(value: &OsString, what: &str) -> Result<String> {
         .ok_or_else(|| Error::Usage(format!("{what} is not valid UTF-8")))
 }
 
-/// The token of renew, release and check: `--token` (even empty: a token
-/// that matches nothing), else `SKILL_LOCK_TOKEN`, which must not be empty
-/// when set (SPEC §2): an agent's shell that lost its token (a failed `jq`
+/// The token of renew, release and check: `--token`, else
+/// `SKILL_LOCK_TOKEN`; either one empty is a `usage` error, the same for
+/// both (SPEC §2): an agent's shell that lost its token (a failed `jq`
 /// leaves the variable empty) must never act as if it had passed none,
 /// which for `release` would remove whoever's lock is there.
 fn token_of(flag: Option<&OsString>, env_token: Option<&OsString>) -> Result<Option<String>> {
-    match (flag, env_token) {
-        (Some(t), _) => utf8(t, "--token").map(Some),
-        (None, Some(t)) if t.is_empty() => Err(Error::Usage(
-            "SKILL_LOCK_TOKEN is set but empty (was the token lost?), so nothing was done: \
-             pass the token acquire printed (--token T or SKILL_LOCK_TOKEN=T), or unset \
-             SKILL_LOCK_TOKEN to act without a token"
+    let (token, what) = match (flag, env_token) {
+        (Some(t), _) => (t, "--token"),
+        (None, Some(t)) => (t, "SKILL_LOCK_TOKEN"),
+        (None, None) => return Ok(None),
+    };
+    if token.is_empty() {
+        return Err(Error::Usage(format!(
+            "{what} is empty (was the token lost?), so nothing was done: pass the token \
+             acquire printed (SKILL_LOCK_TOKEN=T or --token T, from the same shell that ran \
+             acquire); if it is lost, post nothing more: the lock ends with its lease"
+        )));
+    }
+    utf8(token, what).map(Some)
+}
+
+/// The token of `renew` (SPEC §2.2): required, unless `--force` (the
+/// operator's override, which takes none): a run that dropped its token by
+/// mistake must never go on posting under another run's lease.
+fn renew_token(token: Option<String>, force: bool) -> Result<Option<String>> {
+    match (token, force) {
+        (Some(t), false) => Ok(Some(t)),
+        (None, true) => Ok(None),
+        (None, false) => Err(Error::Usage(
+            "renew needs the token acquire printed, so nothing was done: run \
+             SKILL_LOCK_TOKEN=$token skill-lock renew ... (or --token T); an operator who means \
+             to extend whoever holds the lock passes --force instead"
                 .into(),
         )),
-        (None, Some(t)) => utf8(t, "SKILL_LOCK_TOKEN").map(Some),
-        (None, None) => Ok(None),
+        (Some(_), true) => Err(Error::Usage(
+            "renew --force extends whoever holds the lock and takes no token, so nothing was \
+             done: to renew your own lease drop --force; as an operator drop --token and unset \
+             SKILL_LOCK_TOKEN"
+                .into(),
+        )),
     }
 }
 
@@ -254,6 +284,17 @@ fn wait_of(w: &OsString) -> Result<Duration> {
         .filter(|&s| s <= lease::MAX_TTL)
         .map(Duration::from_secs)
         .ok_or_else(|| Error::Usage(format!("--wait {text:?}: give whole seconds, 0 to 2592000")))
+}
+
+/// Parses `run --conflict-exit-code N`: an exit status, 0 to 255.
+fn conflict_exit_code_of(v: &OsString) -> Result<u8> {
+    let text = v.to_string_lossy();
+    text.parse::<u8>().map_err(|_| {
+        Error::Usage(format!(
+            "--conflict-exit-code {text:?}: give a whole number 0 to 255 (an exit status is one \
+             byte), one the command never exits with itself, e.g. 75"
+        ))
+    })
 }
 
 fn since_of(v: &OsString) -> Result<u64> {
@@ -344,17 +385,23 @@ impl Command {
                 // the keeper may be killed; the platform's `run` names what
                 // it can (the keeper's group; on Windows the wrapper).
                 let (key, req, wait) = a.take.validate(None)?;
+                let conflict_exit_code = a
+                    .conflict_exit_code
+                    .as_ref()
+                    .map(conflict_exit_code_of)
+                    .transpose()?;
                 Action::Run {
                     key,
                     req,
                     wait,
                     cmd: a.cmd,
+                    conflict_exit_code,
                 }
             }
             Self::Renew(a) => Action::Renew {
                 key: key_of(&a.lock)?,
                 ttl: a.ttl.as_ref().map(ttl_of).transpose()?,
-                token: token(a.token.as_ref())?,
+                token: renew_token(token(a.token.as_ref())?, a.force)?,
             },
             Self::Release(a) => Action::Release {
                 key: key_of(&a.lock)?,

@@ -41,6 +41,7 @@ pub(crate) fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatu
             req,
             wait,
             cmd,
+            ..
         } => run(settings, &store, key, req, *wait, cmd)?,
         Action::Renew { key, token, ttl } => renew(settings, &store, key, token.as_deref(), *ttl)?,
         Action::Release { key, token, force } => {
@@ -51,6 +52,14 @@ pub(crate) fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatu
         Action::History { key, limit } => history(&store, key.as_ref(), *limit)?,
     };
     match (report.write(channel), &settings.action, report.token()) {
+        (
+            Ok(()),
+            Action::Run {
+                conflict_exit_code: Some(n),
+                ..
+            },
+            _,
+        ) if report.exit_status() == ExitStatus::AlreadyRunning => Ok(ExitStatus::Conflict(*n)),
         (Ok(()), ..) => Ok(report.exit_status()),
         (Err(e), Action::Acquire { key, .. }, Some(token)) => {
             give_back(settings, &store, key, token, &e);
