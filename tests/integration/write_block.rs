@@ -96,8 +96,13 @@ fn to_bash(name: &str, cmd: &str) -> String {
     bash
 }
 
-/// The skill: the block's steps and its prose, as a script. `REREAD=0`
-/// removes the one step that reads again after acquiring.
+/// The skill: the block's steps and its prose, as a script. `REREAD=1` is
+/// the block as written: read again unless step 1 said `free` and
+/// `others_since` is `false`; `REREAD=0` removes the re-read step; and
+/// `REREAD=old` is the rule the block had before (read again only when
+/// `others_since` is `true` or step 1 said `held`). `PAUSE_AT=N` makes the
+/// run wait before its Nth renew (touching `$PAUSE.at`) until `$PAUSE`
+/// exists: a run frozen there, deterministically.
 fn skill_script(steps: &Steps) -> String {
     format!(
         r#"set -u
@@ -117,11 +122,21 @@ case $rc in 0) ;; 3) exit 3 ;; *) exit 2 ;; esac
 TOKEN=$(field token "$out")
 case $out in *'"took_over":{{'*) echo took_over ;; esac
 echo "acquired $(field fence "$out")"
-if [ "$REREAD" = 1 ] && {{ [ "$(field others_since "$out")" = true ] || [ "$state" = held ]; }}; then
+others=$(field others_since "$out")
+case $REREAD in
+  1) if [ "$state" != free ] || [ "$others" != false ]; then reread=1; else reread=0; fi ;;
+  old) if [ "$others" = true ] || [ "$state" = held ]; then reread=1; else reread=0; fi ;;
+  *) reread=0 ;;
+esac
+if [ "$reread" = 1 ]; then
   todo=$(curl -sf "$FORGE/todo") || {{ release_step >/dev/null; exit 2; }}
 fi
+k=0
 for n in $todo; do
-  renew_step >/dev/null || {{ release_step >/dev/null; exit 4; }}
+  k=$((k + 1))
+  if [ "$k" = "${{PAUSE_AT:-0}}" ]; then touch "$PAUSE.at"; while [ ! -e "$PAUSE" ]; do sleep 0.02; done; fi
+  rc=0; renew_step >/dev/null || rc=$?
+  case $rc in 0) ;; 4) release_step >/dev/null; exit 4 ;; *) release_step >/dev/null; exit 2 ;; esac
   curl -sf -X POST "$FORGE/comment/$n?run=$RUN" >/dev/null || {{ release_step >/dev/null; exit 2; }}
   sleep "$POST_GAP"
 done
@@ -135,10 +150,13 @@ exit 0
     )
 }
 
+/// The exit status the block's `run` line gives for "held, not run".
+const CONFLICT: i32 = 75;
+
 /// The `run` form: the script reads under the lock, then posts.
 fn run_form_script(steps: &Steps) -> String {
     format!(
-        "set -u\nrc=0; {run} 2>/dev/null || rc=$?\n[ $rc = 3 ] && exit 3\nexit $rc\n",
+        "set -u\nrc=0; {run} 2>/dev/null || rc=$?\nexit $rc\n",
         run = steps.run
     )
 }
@@ -149,6 +167,7 @@ for n in $todo; do
   curl -sf -X POST "$FORGE/comment/$n?run=$RUN" >/dev/null || exit 2
   sleep "$POST_GAP"
 done
+exit "${POSTER_EXIT:-0}"
 "#;
 
 /// One comment the forge recorded.
@@ -287,9 +306,12 @@ struct RunSpec<'a> {
     forge: &'a Forge,
     think: Duration,
     post_gap: Duration,
-    reread: bool,
+    /// `REREAD` (see [`skill_script`]).
+    reread: &'static str,
     wait: Option<u64>,
     gate: Option<PathBuf>,
+    /// Further environment, set last (it may replace `TTL`).
+    extra: Vec<(&'static str, String)>,
 }
 
 fn start_run(env: &TestEnv, repo: &Path, spec: &RunSpec) -> Child {
@@ -309,7 +331,7 @@ fn start_run(env: &TestEnv, repo: &Path, spec: &RunSpec) -> Child {
         .env("RUN", spec.id.to_string())
         .env("THINK", format!("{:.3}", spec.think.as_secs_f64()))
         .env("POST_GAP", format!("{:.3}", spec.post_gap.as_secs_f64()))
-        .env("REREAD", if spec.reread { "1" } else { "0" })
+        .env("REREAD", spec.reread)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
@@ -320,6 +342,9 @@ fn start_run(env: &TestEnv, repo: &Path, spec: &RunSpec) -> Child {
         cmd.env("GATE", g);
     }
     for (k, v) in &spec.store.vars {
+        cmd.env(k, v);
+    }
+    for (k, v) in &spec.extra {
         cmd.env(k, v);
     }
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
@@ -366,10 +391,326 @@ fn write_scripts(env: &TestEnv) -> (PathBuf, PathBuf) {
     (block, run_form)
 }
 
+/// The block as a skill author might have copied it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    /// Word for word.
+    AsWritten,
+    /// `--since <fence>` left out of step 2.
+    NoSince,
+    /// The `SKILL_LOCK_TOKEN=<token>` prefix left out of step 3's renew.
+    RenewWithoutToken,
+}
+
+/// Writes the block's script (and the poster) with `variant`'s mistake.
+fn variant_script(env: &TestEnv, variant: Variant) -> PathBuf {
+    let (block, _) = write_scripts(env);
+    let mut steps = steps();
+    match variant {
+        Variant::AsWritten => return block,
+        Variant::NoSince => {
+            assert!(
+                steps.acquire.contains(" --since \"$FENCE\""),
+                "{}",
+                steps.acquire
+            );
+            steps.acquire = steps.acquire.replace(" --since \"$FENCE\"", "");
+        }
+        Variant::RenewWithoutToken => {
+            assert!(
+                steps.renew.starts_with("SKILL_LOCK_TOKEN=\"$TOKEN\" "),
+                "{}",
+                steps.renew
+            );
+            steps.renew = steps.renew.replace("SKILL_LOCK_TOKEN=\"$TOKEN\" ", "");
+        }
+    }
+    let path = env.path(&format!("skill-{variant:?}.sh"));
+    std::fs::write(&path, skill_script(&steps)).unwrap();
+    path
+}
+
+/// Waits for `path` to exist (a run reached a gate).
+#[track_caller]
+fn until_exists(path: &Path) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for the forge to hold `n` posts by run `run`.
+#[track_caller]
+fn until_posted(forge: &Forge, run: u32, n: usize) {
+    let t = Instant::now();
+    while forge.posts().iter().filter(|p| p.run == run).count() < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "run {run} never posted {n}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One scripted ordering: its checkout, store, forge and scripts.
+struct Scene {
+    env: TestEnv,
+    repo: PathBuf,
+    store: Store,
+    forge: Forge,
+}
+
+impl Scene {
+    fn new(store: &Store) -> Self {
+        let env = TestEnv::new();
+        let repo = env.git_repo("repo");
+        write_scripts(&env);
+        Self {
+            env,
+            repo,
+            store: Store {
+                name: store.name,
+                vars: store.vars.clone(),
+                ttl: store.ttl,
+                _daemon: None,
+            },
+            forge: Forge::start(Duration::from_secs(3600)),
+        }
+    }
+
+    /// Starts run `id` of `script` with `reread`; `tweak` sets the rest.
+    fn start(
+        &self,
+        id: u32,
+        script: &Path,
+        reread: &'static str,
+        tweak: impl FnOnce(&mut RunSpec),
+    ) -> Child {
+        let mut spec = RunSpec {
+            id,
+            script,
+            store: &self.store,
+            forge: &self.forge,
+            think: Duration::ZERO,
+            post_gap: Duration::ZERO,
+            reread,
+            wait: None,
+            gate: None,
+            extra: Vec::new(),
+        };
+        tweak(&mut spec);
+        start_run(&self.env, &self.repo, &spec)
+    }
+
+    /// Past the end of a lease of this store, well past it (CI is loaded).
+    fn past_the_lease(&self) {
+        std::thread::sleep(Duration::from_millis(self.store.ttl * 1000 + 2000));
+    }
+
+    fn doubles(&self) -> usize {
+        doubles(&self.forge.posts(), &BTreeMap::new()).1
+    }
+}
+
+/// Run A posts one issue, then stops before its next renew (frozen) past
+/// its lease: B's step 1 says `stale`, B reads the two issues left. A
+/// resumes: its renew revives the lease (`was_expired`, a new fence), it
+/// posts both and releases. Then B acquires. With `wait`, B's acquire
+/// comes while A is still posting, and waits for it.
+fn revived_after_stale(store: &Store, reread: &'static str, wait: bool) -> usize {
+    let scene = Scene::new(store);
+    let block = scene.env.path("skill.sh");
+    let pause = scene.env.path("pause-a");
+    let gate = scene.env.path("gate-b");
+    let mut a = scene.start(1, &block, reread, |s| {
+        s.extra = vec![
+            ("PAUSE_AT", "2".into()),
+            ("PAUSE", pause.display().to_string()),
+        ];
+        if wait {
+            s.post_gap = Duration::from_millis(1500);
+        }
+    });
+    until_exists(&scene.env.path("pause-a.at"));
+    scene.past_the_lease();
+    let mut b = scene.start(2, &block, reread, |s| {
+        s.gate = Some(gate.clone());
+        s.wait = wait.then_some(60);
+    });
+    until_exists(&scene.env.path("gate-b.read"));
+    std::fs::write(&pause, "").unwrap();
+    if wait {
+        // A revived its lease and is posting: B's acquire waits behind it.
+        until_posted(&scene.forge, 1, 2);
+        std::fs::write(&gate, "").unwrap();
+    } else {
+        assert_eq!(
+            a.wait().unwrap().code(),
+            Some(0),
+            "A revives, posts, releases"
+        );
+        std::fs::write(&gate, "").unwrap();
+    }
+    assert_eq!(
+        a.wait().unwrap().code(),
+        Some(0),
+        "A revives, posts, releases"
+    );
+    assert_eq!(b.wait().unwrap().code(), Some(0), "B acquires after A");
+    assert_eq!(
+        scene.forge.posts().iter().filter(|p| p.run == 1).count(),
+        3,
+        "{}: A posts all three",
+        store.name
+    );
+    scene.doubles()
+}
+
+/// SPEC §2.2: a lease revived after a reader called it `stale` takes a new
+/// fence, and the block reads again unless `status` said `free`: the run
+/// that read while it was stale posts nothing twice. Without the re-read
+/// step it posts both issues again (today's main with the old rule did
+/// too: `others_since` was `false` and `status` had said `stale`).
+#[test]
+fn stale_then_revived_then_released_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let with = revived_after_stale(&store, "1", false);
+        let old = revived_after_stale(&store, "old", false);
+        let without = revived_after_stale(&store, "0", false);
+        println!(
+            "stale, revived, released on {}: {with} doubles with the block, {old} with the \
+             old re-read rule (a new fence makes others_since true), {without} without re-reading",
+            store.name
+        );
+        assert_eq!(with, 0, "{}: the block doubled a post", store.name);
+        assert_eq!(old, 0, "{}: the revival took no new fence", store.name);
+        assert_eq!(without, 2, "{}: the ordering did not happen", store.name);
+    }
+}
+
+/// `--wait` behind a holder that revives its lease after B read the lock
+/// as `stale`: B waits for it, then reads again and posts nothing twice.
+#[test]
+fn waiting_behind_a_holder_that_revives_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let with = revived_after_stale(&store, "1", true);
+        let without = revived_after_stale(&store, "0", true);
+        println!(
+            "--wait behind a revived holder on {}: {with} doubles with the block, {without} without re-reading",
+            store.name
+        );
+        assert_eq!(with, 0, "{}: the block doubled a post", store.name);
+        assert_eq!(without, 2, "{}: the ordering did not happen", store.name);
+    }
+}
+
+/// `--since` forgotten: `others_since` is `null`, which the block reads as
+/// "unknown: read again". The old rule (read again only when it is `true`
+/// or `status` said `held`) posts all three again.
+#[test]
+fn since_forgotten_reads_again_and_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let with = scripted_interleaving(&store, "1", Variant::NoSince);
+        let old = scripted_interleaving(&store, "old", Variant::NoSince);
+        println!(
+            "--since forgotten on {}: {with} doubles with the block, {old} with the old rule",
+            store.name
+        );
+        assert_eq!(with, 0, "{}: the block doubled a post", store.name);
+        assert_eq!(old, 3, "{}: the ordering did not happen", store.name);
+    }
+}
+
+/// A run whose renew lost its `SKILL_LOCK_TOKEN=` prefix acquires, freezes
+/// past its lease, and another run takes the lock over and posts. Resumed,
+/// its tokenless renew is refused (exit 2, SPEC §2.2): it posts nothing
+/// under the other run's lease (it used to renew it, exit 0, and post).
+#[test]
+fn a_renew_without_the_token_is_refused_and_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let scene = Scene::new(&store);
+        let careless = variant_script(&scene.env, Variant::RenewWithoutToken);
+        let block = scene.env.path("skill.sh");
+        let pause = scene.env.path("pause-b");
+        let mut b = scene.start(2, &careless, "1", |s| {
+            s.extra = vec![
+                ("PAUSE_AT", "1".into()),
+                ("PAUSE", pause.display().to_string()),
+            ];
+        });
+        until_exists(&scene.env.path("pause-b.at"));
+        scene.past_the_lease();
+        let mut a = scene.start(1, &block, "1", |s| {
+            s.post_gap = Duration::from_millis(700);
+        });
+        until_posted(&scene.forge, 1, 1);
+        std::fs::write(&pause, "").unwrap();
+        assert_eq!(b.wait().unwrap().code(), Some(2), "{}: refused", store.name);
+        assert_eq!(a.wait().unwrap().code(), Some(0), "{}", store.name);
+        let posts = scene.forge.posts();
+        assert!(
+            posts.iter().all(|p| p.run == 1),
+            "{}: the tokenless run posted",
+            store.name
+        );
+        assert_eq!(scene.doubles(), 0, "{}", store.name);
+    }
+}
+
+/// The `run` line of the block: a script that exits 3 itself is told from
+/// "held, not run" (`--conflict-exit-code`), so a skill that retries only
+/// when the lock was held never runs a finished script again.
+#[test]
+fn a_script_exiting_3_under_run_is_told_from_held() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let scene = Scene::new(&store);
+        let run_form = scene.env.path("skill-run.sh");
+        let block = scene.env.path("skill.sh");
+        // Held by a run of the block (a long lease): not run, exit 75.
+        let pause = scene.env.path("pause-a");
+        let mut a = scene.start(1, &block, "1", |s| {
+            s.extra = vec![
+                ("PAUSE_AT", "1".into()),
+                ("PAUSE", pause.display().to_string()),
+                ("TTL", "120".into()),
+            ];
+        });
+        until_exists(&scene.env.path("pause-a.at"));
+        let held = scene.start(2, &run_form, "1", |_| {});
+        let code = held.wait_with_output().unwrap().status.code();
+        assert_eq!(code, Some(CONFLICT), "{}: held, not run", store.name);
+        std::fs::write(&pause, "").unwrap();
+        assert_eq!(a.wait().unwrap().code(), Some(0), "{}", store.name);
+        // A script that exits 3 itself: its own status, not "held".
+        let mut r = scene.start(3, &run_form, "1", |s| {
+            s.extra = vec![("POSTER_EXIT", "3".into())];
+        });
+        let code = r.wait().unwrap().code();
+        assert_eq!(code, Some(3), "{}: the script's own status", store.name);
+        assert_eq!(
+            scene.forge.posts().iter().filter(|p| p.run == 1).count(),
+            3,
+            "{}",
+            store.name
+        );
+        assert_eq!(scene.doubles(), 0, "{}", store.name);
+    }
+}
+
 /// A reads, B reads, A acquires, posts and releases, then B acquires: B
 /// must read again (its `others_since` is true) and post nothing. Without
 /// the re-read step, B posts everything A posted.
-fn scripted_interleaving(store: &Store, reread: bool) -> usize {
+fn scripted_interleaving(store: &Store, reread: &'static str, variant: Variant) -> usize {
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
     let store = Store {
@@ -378,7 +719,7 @@ fn scripted_interleaving(store: &Store, reread: bool) -> usize {
         ttl: store.ttl,
         _daemon: None,
     };
-    let (script, _) = write_scripts(&env);
+    let script = variant_script(&env, variant);
     let forge = Forge::start(Duration::from_secs(3600));
     let spec = |id, gate: &str| RunSpec {
         id,
@@ -390,6 +731,7 @@ fn scripted_interleaving(store: &Store, reread: bool) -> usize {
         reread,
         wait: None,
         gate: Some(env.path(gate)),
+        extra: Vec::new(),
     };
     let mut a = start_run(&env, &repo, &spec(1, "gate-a"));
     let mut b = start_run(&env, &repo, &spec(2, "gate-b"));
@@ -418,8 +760,8 @@ fn scripted_interleaving(store: &Store, reread: bool) -> usize {
 fn a_run_that_read_before_another_posted_reads_again_and_posts_nothing() {
     let env = TestEnv::new();
     for store in stores(&env) {
-        let with = scripted_interleaving(&store, true);
-        let without = scripted_interleaving(&store, false);
+        let with = scripted_interleaving(&store, "1", Variant::AsWritten);
+        let without = scripted_interleaving(&store, "0", Variant::AsWritten);
         println!(
             "scripted interleaving on {}: {with} doubles with the block's re-read step, {without} without it",
             store.name
@@ -475,9 +817,10 @@ fn campaign(store: &Store, runs: u32) {
                 forge: &forge,
                 think: Duration::from_millis(rng.below(400)),
                 post_gap: Duration::from_millis(100 + rng.below(300)),
-                reread: true,
+                reread: "1",
                 wait: (15..30).contains(&form).then_some(4),
                 gate: None,
+                extra: Vec::new(),
             };
             (Duration::from_millis(rng.below(8000)), fault, spec)
         })
