@@ -32,25 +32,42 @@ Typical write phase of a skill (docs/write-lock.md; runs under set -euo pipefail
   out=$(skill-lock acquire issue-triage --repo apache/airflow --since $since --ttl 900) || rc=$?
   case $rc in 0) ;; 3) echo \"held, not posting: $out\"; exit 0 ;; *) echo \"$out\" >&2; exit 2 ;; esac
   token=$(field token \"$out\")
-  # others_since true, or status said held: read again before posting.
+  # Read again before posting unless status said free and others_since is false (null: read again).
+  if [ \"$(field state \"$st\")\" != free ] || [ \"$(field others_since \"$out\")\" != false ]; then echo \"read again\"; fi
   # Release with the token whenever the script ends (recap done, or stop-and-surface).
   trap 'SKILL_LOCK_TOKEN=$token skill-lock release issue-triage --repo apache/airflow || true' EXIT
   SKILL_LOCK_TOKEN=$token skill-lock renew issue-triage --repo apache/airflow >/dev/null || exit 4
-  echo \"post 1\"   # each post: renew first, then post
+  echo \"post 1\"   # each post: compose it, renew, then send it at once
+
+The ttl must exceed the longest gap between two renewals, the whole post included;
+without --ttl it is 7200 s, so a run killed without releasing blocks the next for 2 h.
 
 Locks live in the personal layer of the project (e.g. .git/apache-magpie/run/locks/),
-never in the working tree. See the README for the full contract.";
+never in the working tree: one lock per clone, not per machine. To share locks between
+clones or machines use --store git:origin or etcd (or set it for the repository in the
+user's configuration file, ~/.config/apache-magpie/skill-lock.toml). See the README.";
 
 const ACQUIRE_HELP: &str = "\
 Results (one JSON object on stdout) and exit status:
   0  acquired         go on; keep `token` (printed only here), `fence`, `expires`;
-                      `others_since` (with --since): true means read again before writing;
+                      read again before writing unless `status` said `free` and
+                      `others_since` (with --since) is false (true or null: read again);
                       `took_over` is null or the stale holder that was replaced
   3  already_running  another run holds it: post nothing; `holder`, `expires_in`, and `hint`
                       (the release --force line an operator runs for a holder known dead)
   2  error            `error` and `message` (what to fix); nothing was taken
 
 The block skills paste around it: docs/write-lock.md.";
+
+const STATUS_HELP: &str = "\
+Result (one JSON object on stdout, exit 0): `state` and `fence` (null: never acquired).
+  free   nobody holds the lock
+  held   another run holds a live lease (`holder`, `expires_in`); a run frozen whole keeps
+         its lock past its lease: `expires_in` 0, `expires` in the past (it stops its
+         command when it resumes)
+  stale  its lease ran out (or its owner is gone) but nobody took it over: the next
+         acquire does; its holder may still resume and post
+Pass `fence` to acquire --since; read again after acquiring unless this said `free`.";
 
 const CHECK_HELP: &str = "\
 Results (one JSON object on stdout) and exit status:
@@ -89,7 +106,7 @@ struct LockArgs {
 struct TakeArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// Lease in seconds, 1..=2592000 (run renews it every ttl/3 while CMD runs).
+    /// Lease in seconds, 1..=2592000: longer than the longest gap between two renewals, the whole post included (run renews it every ttl/3 while CMD runs). The default, 7200, makes a run killed without releasing block the next for 2 hours.
     #[arg(
         long,
         allow_hyphen_values = true,
@@ -97,13 +114,13 @@ struct TakeArgs {
         default_value = "7200"
     )]
     ttl: OsString,
-    /// Free text kept in the record (at most 1,000 bytes, no control characters but tab).
+    /// Free text kept in the record and shown to a run that finds the lock held: say which run this is (at most 1,000 bytes, no control characters but tab).
     #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
     note: Option<OsString>,
     /// Keep trying (jittered back-off) for up to SECS seconds before giving up.
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     wait: Option<OsString>,
-    /// Pass the `fence` that `status` showed before the run read what it will act on (`null` or 0 when it showed none); the `acquired` result then says `others_since` (run: the `ran` result, and $SKILL_LOCK_OTHERS_SINCE for CMD): true when another run acquired the lock since, or the store cannot tell. Re-read before writing when it is true.
+    /// Pass the `fence` that `status` showed before the run read what it will act on (`null` or 0 when it showed none); the `acquired` result then says `others_since` (run: the `ran` result, and $SKILL_LOCK_OTHERS_SINCE for CMD): true when another run acquired the lock (or revived its lease) since, or the store cannot tell; null without --since. Read again before writing unless `status` said `free` and `others_since` is false.
     #[arg(long, allow_hyphen_values = true, value_name = "FENCE")]
     since: Option<OsString>,
 }
@@ -192,14 +209,15 @@ enum Command {
     Renew(RenewArgs),
     /// Remove the lock (with --token: only if it is yours).
     Release(ReleaseArgs),
-    /// Show whether a lock is held, stale or free (read-only).
+    /// Show whether a lock is held, stale or free, and its fence (read-only).
+    #[command(after_help = STATUS_HELP)]
     Status(LockArgs),
     /// Show every lock in the store (read-only).
     List,
     /// Exit 0 only if the token holds a live lease (read-only).
     #[command(after_help = CHECK_HELP)]
     Check(CheckArgs),
-    /// Run CMD while holding the lock (renewed, released at the end); JSON on stderr.
+    /// Run CMD while holding the lock (renewed, released at the end); JSON on stderr. Exit 3 (or --conflict-exit-code N) when held: CMD not run.
     Run(RunArgs),
     /// Show the newest lock events, oldest first (read-only).
     History(HistoryArgs),
