@@ -306,6 +306,28 @@ mod tests {
     }
 
     #[test]
+    fn a_renewal_revives_what_a_reader_may_already_call_stale() {
+        let mut rec = sample(None);
+        rec.holder.expires = Timestamp(100);
+        rec.holder.deadline_boot_ms = None;
+        rec.holder.owner_pgid = None;
+        // Its own terms (the file store): only once the lease has run out.
+        let seen = Seen::recorded(rec.clone());
+        assert!(!readers_may_call_stale(&seen, &now(99_500, None)));
+        assert!(readers_may_call_stale(&seen, &now(100_000, None)));
+        // A cluster's lease (etcd): a reader may call it stale a second
+        // before the expires its holder was told, however long the
+        // cluster's lease still runs.
+        let seen = Seen {
+            lease_end: LeaseEnd::Wall(Timestamp(102)),
+            ..Seen::recorded(rec)
+        };
+        assert!(!readers_may_call_stale(&seen, &now(98_999, None)));
+        assert!(readers_may_call_stale(&seen, &now(99_000, None)));
+        assert!(readers_may_call_stale(&seen, &now(101_000, None)));
+    }
+
+    #[test]
     fn a_seen_lock_is_judged_by_the_lease_end_and_identity_its_store_gives() {
         // An owner that rebooted since on this machine: certainly gone,
         // where its identity can be compared.
