@@ -166,6 +166,22 @@ impl NewRecord {
     /// The record with the fence its store assigned.
     #[must_use]
     pub fn fenced(self, fence: u64) -> OwnerRecord {
+        self.with_fence(fence)
+    }
+}
+
+impl OwnerRecord {
+    /// The same record without its fence: what a revived lease (SPEC §2.2)
+    /// is written as, so that its store gives it a new one.
+    #[must_use]
+    pub fn unfenced(&self) -> NewRecord {
+        self.clone().with_fence(NoFence)
+    }
+}
+
+impl<F> OwnerRecord<F> {
+    /// The same record with `fence` in place of its own.
+    fn with_fence<G>(self, fence: G) -> OwnerRecord<G> {
         let h = self.holder;
         OwnerRecord {
             holder: Holder {
@@ -191,40 +207,6 @@ impl NewRecord {
                 format: h.format,
             },
             token_sha256: self.token_sha256,
-        }
-    }
-}
-
-impl OwnerRecord {
-    /// The same record without its fence: what a revived lease (SPEC §2.2)
-    /// is written as, so that its store gives it a new one.
-    #[must_use]
-    pub fn unfenced(&self) -> NewRecord {
-        let h = self.holder.clone();
-        OwnerRecord {
-            holder: Holder {
-                skill: h.skill,
-                repo: h.repo,
-                started: h.started,
-                expires: h.expires,
-                renewed: h.renewed,
-                ttl: h.ttl,
-                note: h.note,
-                host: h.host,
-                owner_pid: h.owner_pid,
-                fence: NoFence,
-                boot_id: h.boot_id,
-                owner_start: h.owner_start,
-                deadline_boot_ms: h.deadline_boot_ms,
-                machine: h.machine,
-                pid_ns: h.pid_ns,
-                pid_ns_start: h.pid_ns_start,
-                time_ns: h.time_ns,
-                owner_pgid: h.owner_pgid,
-                group_start: h.group_start,
-                format: h.format,
-            },
-            token_sha256: self.token_sha256.clone(),
         }
     }
 }
