@@ -997,3 +997,47 @@ fn a_run_resumed_after_its_lease_ended_stops_cmd_and_never_revives_the_lease() {
         "the lease was revived under a new fence: {history:?}"
     );
 }
+
+/// `acquire --wait` with standard error on a terminal says who it waits
+/// for and until when (a pty from `script(1)`); with standard error not a
+/// terminal it says nothing there. Standard output is one JSON object
+/// either way.
+#[test]
+fn a_wait_at_a_terminal_says_who_it_waits_for_and_a_script_hears_nothing() {
+    if !common::have_programs(
+        "a_wait_at_a_terminal_says_who_it_waits_for",
+        &[("script", "--version")],
+    ) {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let lock = Lock::new(&repo, SKILL, REPO);
+    lock.op("acquire")
+        .ttl(3)
+        .note("the holder")
+        .expect(0, "acquired");
+    let out = Command::new("script")
+        .args(["-qec"])
+        .arg(format!(
+            "'{BIN}' acquire {SKILL} --repo {REPO} --wait 30 --ttl 60"
+        ))
+        .arg("/dev/null")
+        .current_dir(&repo)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("Blocking waiting for the lock s on o/r held by")
+            && text.contains("note \"the holder\"")
+            && text.contains("giving up in"),
+        "{text}"
+    );
+    assert!(text.contains(r#""result":"acquired""#), "{text}");
+    // Not a terminal: nothing on stderr, one object on stdout.
+    let out = lock.op("acquire").wait(1).run();
+    assert_eq!(out.code, 3, "{}", out.stdout);
+    assert_eq!(out.stderr, "", "a script's stderr never changes");
+}
