@@ -519,15 +519,16 @@ impl Scene {
 
     /// The lock's `state` as `status` says it now, in this scene's store.
     fn state(&self) -> String {
-        let mut cmd = Command::new(common::BIN);
-        cmd.args(["status", "issue-triage", "--repo", "apache/airflow"])
-            .current_dir(&self.repo);
+        let mut cmd = common::Cmd::new(&self.repo).args([
+            "status",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+        ]);
         for (k, v) in &self.store.vars {
-            cmd.env(k, v);
+            cmd = cmd.env(k, v);
         }
-        let out = cmd.output().unwrap();
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        json["state"].as_str().unwrap_or("").to_owned()
+        cmd.run().reply().state().to_owned()
     }
 
     /// Until a reader calls the paused holder's lease anything but `held`:
