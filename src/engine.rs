@@ -595,13 +595,24 @@ pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<Statu
         latest = store.last_fence(key)?;
         current = store.read(key)?;
     }
-    let fence = current.record().map(|r| r.holder.fence).or(latest);
     // The clock is read after the store answered: time spent connecting
     // (a network store's failover) is never counted as lease left.
-    Ok(Status {
-        state: judge(&current, &ctx.at_decision().now),
-        fence,
-    })
+    let mut state = judge(&current, &ctx.at_decision().now);
+    // A lease judged stale on a read made before the clock was read may
+    // have been renewed in between, by a renewal that then saw it live and
+    // kept its fence. Read again: the same record means no renewal came
+    // before this clock reading, so any later one finds it run out and
+    // revives it under a new fence (SPEC §2.2); another record is judged
+    // afresh.
+    if matches!(state, State::Stale { .. }) && current.record().is_some() {
+        let again = store.read(key)?;
+        if again.record() != current.record() {
+            current = again;
+            state = judge(&current, &ctx.at_decision().now);
+        }
+    }
+    let fence = current.record().map(|r| r.holder.fence).or(latest);
+    Ok(Status { state, fence })
 }
 
 /// Visits every lock of `store` in `list`'s order (SPEC §2.5), judged at
@@ -668,13 +679,15 @@ mod tests {
     type Hook = Box<dyn FnOnce(&Memory)>;
 
     /// A store in memory: one map of locks, fences that survive release, a
-    /// history; `racer` runs once, inside the next `last_fence`.
+    /// history; `racer` runs once, inside the next `last_fence`, and
+    /// `read_racer` once, just after the next `read` has read.
     #[derive(Default)]
     struct Memory {
         locks: RefCell<BTreeMap<String, Current>>,
         fences: RefCell<BTreeMap<String, u64>>,
         events: RefCell<Vec<Event>>,
         racer: RefCell<Option<Hook>>,
+        read_racer: RefCell<Option<Hook>>,
     }
 
     impl Memory {
@@ -697,12 +710,17 @@ mod tests {
         }
 
         fn read(&self, key: &LockKey) -> Result<Current> {
-            Ok(self
+            let current = self
                 .locks
                 .borrow()
                 .get(&key.name())
                 .cloned()
-                .unwrap_or(Current::Free))
+                .unwrap_or(Current::Free);
+            let racer = self.read_racer.borrow_mut().take();
+            if let Some(race) = racer {
+                race(self);
+            }
+            Ok(current)
         }
 
         fn update<K, W>(
@@ -1247,6 +1265,23 @@ mod tests {
         let seen = status(&store, &key(), &at(3)).unwrap();
         assert!(matches!(seen.state, State::Held { .. }), "{seen:?}");
         assert_eq!(seen.fence, Some(2), "the fence of the lock it shows");
+    }
+
+    #[test]
+    fn status_never_calls_stale_a_lease_renewed_between_its_read_and_its_clock() {
+        let store = Memory::default();
+        let (token, first) = acquired(&store, 10, &at(0));
+        // status reads the record, then its holder renews it (live at 9:
+        // no revival, the same fence), then status reads the clock at 11.
+        *store.read_racer.borrow_mut() = Some(Box::new(move |s: &Memory| {
+            renew(s, &key(), Some(&token), None, &at(9)).unwrap();
+        }));
+        let seen = status(&store, &key(), &at(11)).unwrap();
+        assert!(matches!(seen.state, State::Held { .. }), "{seen:?}");
+        assert_eq!(seen.fence, Some(first.fence));
+        // Nobody renewed: stale, and a renewal after it revives.
+        let seen = status(&store, &key(), &at(30)).unwrap();
+        assert!(matches!(seen.state, State::Stale { .. }), "{seen:?}");
     }
 
     /// A context at `secs` on this process's real boot clock: records it
