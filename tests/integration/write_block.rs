@@ -8,11 +8,18 @@
 //! substituted, the launcher replaced by the binary under test, and the
 //! lease scaled from 900 s to a few seconds; no hand-written copy. The glue
 //! around them is the block's prose: branch on the exit status, read again
-//! when `others_since` is true or `status` said `held`, renew before each
-//! post, release with the token. The skill posts to a fake forge on
-//! loopback that records every comment.
+//! unless `status` said `free` and `others_since` is `false`, renew right
+//! before each post, release with the token. The skill posts to a fake
+//! forge on loopback that records every comment.
 //!
-//! Covers: SPEC §1, §2.1, §2.4, §2.7.
+//! Besides random campaigns, it plays the orderings that once doubled,
+//! each deterministic on the file and git stores (gates and pauses, not
+//! timing): a holder paused past its lease (`stale`) that revives and
+//! posts, on etcd in the early-stale second; `--wait` behind such a holder;
+//! `--since` forgotten; a renew that lost its token prefix; a script that
+//! exits 3 under the block's `run` line (`--conflict-exit-code`).
+//!
+//! Covers: SPEC §1, §2, §2.1, §2.2, §2.4, §2.7, §8.
 
 use crate::common;
 
