@@ -5,7 +5,7 @@
 //! control characters or an extra line (§3, §2.7), and the hint pastes from
 //! anywhere for any root and a relative `git:` path (§2.1).
 //!
-//! Covers: SPEC §2, §2.1, §2.7, §3, §5, §8.
+//! Covers: SPEC §2, §2.1, §2.2, §2.7, §3, §5, §8.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
