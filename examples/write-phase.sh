@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # A batch skill's write phase under skill-lock, step by step as in
-# docs/write-lock.md: status before reading, acquire --since, read again when
-# others_since (or status said held), renew before each of three simulated
-# posts, recap, release with the token; and release in the stop-and-surface
-# path (a trap) when anything fails after the acquire. The token travels in
-# SKILL_LOCK_TOKEN set for each command alone, never in a variable that must
-# outlive one shell.
+# docs/write-lock.md: status before reading, acquire --since, read again
+# unless status said free and others_since is false (true, or null without
+# --since: read again), compose each of three simulated posts, renew, then
+# send it at once; recap, release with the token; and release in the
+# stop-and-surface path (a trap) when anything fails after the acquire. The
+# token travels in SKILL_LOCK_TOKEN set for each command alone (a renew
+# without it is refused, exit 2), never in a variable that must outlive one
+# shell. The ttl (900 s) exceeds the longest gap between two renewals, the
+# whole post included; never leave --ttl out (7200 s: a killed run would
+# block the next for 2 hours).
 #
 #   examples/write-phase.sh [POSTS_FILE]
 #
@@ -68,7 +72,7 @@ trap release_on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# 1. Before reading, note the lock's state and fence.
+# 1. Before reading, note the lock's state (free, held or stale) and fence.
 lock status
 if [ "$RC" != 0 ]; then
     echo "status failed (exit $RC): $(get "$OUT" message)" >&2
@@ -89,8 +93,9 @@ case "$RC" in
         if [ -n "$(get "$OUT" took_over)" ]; then
             echo "took over a stale lock ($(get "$OUT" took_over.reason)) started $(get "$OUT" took_over.holder.started)"
         fi
-        if [ "$(get "$OUT" others_since)" = true ] || [ "$state" = held ]; then
-            echo "another run held the lock since the read: reading again before posting"
+        # Read again unless status said free and others_since is false.
+        if [ "$state" != free ] || [ "$(get "$OUT" others_since)" != false ]; then
+            echo "the lock was $state at the read, others_since $(get "$OUT" others_since): reading again before posting"
         fi
         ;;
     3)
@@ -106,8 +111,10 @@ case "$RC" in
         ;;
 esac
 
-# 3. Renew before each post: it also says at once when the lease was lost.
+# 3. Compose each post, renew immediately before sending it (it also says at
+# once when the lease was lost), then send it at once.
 for n in 1 2 3; do
+    post="post $n to $repo by $skill (fence $fence)"
     SKILL_LOCK_TOKEN=$token lock renew
     case "$RC" in
         0) ;;
@@ -120,7 +127,7 @@ for n in 1 2 3; do
             exit 2
             ;;
     esac
-    echo "post $n to $repo by $skill (fence $fence)" >>"$posts"
+    echo "$post" >>"$posts"
     echo "renewed, posted $n (lease until $(get "$OUT" expires))"
 done
 

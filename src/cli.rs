@@ -32,25 +32,42 @@ Typical write phase of a skill (docs/write-lock.md; runs under set -euo pipefail
   out=$(skill-lock acquire issue-triage --repo apache/airflow --since $since --ttl 900) || rc=$?
   case $rc in 0) ;; 3) echo \"held, not posting: $out\"; exit 0 ;; *) echo \"$out\" >&2; exit 2 ;; esac
   token=$(field token \"$out\")
-  # others_since true, or status said held: read again before posting.
+  # Read again before posting unless status said free and others_since is false (null: read again).
+  if [ \"$(field state \"$st\")\" != free ] || [ \"$(field others_since \"$out\")\" != false ]; then echo \"read again\"; fi
   # Release with the token whenever the script ends (recap done, or stop-and-surface).
   trap 'SKILL_LOCK_TOKEN=$token skill-lock release issue-triage --repo apache/airflow || true' EXIT
   SKILL_LOCK_TOKEN=$token skill-lock renew issue-triage --repo apache/airflow >/dev/null || exit 4
-  echo \"post 1\"   # each post: renew first, then post
+  echo \"post 1\"   # each post: compose it, renew, then send it at once
+
+The ttl must exceed the longest gap between two renewals, the whole post included;
+without --ttl it is 7200 s, so a run killed without releasing blocks the next for 2 h.
 
 Locks live in the personal layer of the project (e.g. .git/apache-magpie/run/locks/),
-never in the working tree. See the README for the full contract.";
+never in the working tree: one lock per clone, not per machine. To share locks between
+clones or machines use --store git:origin or etcd (or set it for the repository in the
+user's configuration file, ~/.config/apache-magpie/skill-lock.toml). See the README.";
 
 const ACQUIRE_HELP: &str = "\
 Results (one JSON object on stdout) and exit status:
   0  acquired         go on; keep `token` (printed only here), `fence`, `expires`;
-                      `others_since` (with --since): true means read again before writing;
+                      read again before writing unless `status` said `free` and
+                      `others_since` (with --since) is false (true or null: read again);
                       `took_over` is null or the stale holder that was replaced
   3  already_running  another run holds it: post nothing; `holder`, `expires_in`, and `hint`
                       (the release --force line an operator runs for a holder known dead)
   2  error            `error` and `message` (what to fix); nothing was taken
 
 The block skills paste around it: docs/write-lock.md.";
+
+const STATUS_HELP: &str = "\
+Result (one JSON object on stdout, exit 0): `state` and `fence` (null: never acquired).
+  free   nobody holds the lock
+  held   another run holds a live lease (`holder`, `expires_in`); a run frozen whole keeps
+         its lock past its lease: `expires_in` 0, `expires` in the past (it stops its
+         command when it resumes)
+  stale  its lease ran out (or its owner is gone) but nobody took it over: the next
+         acquire does; its holder may still resume and post
+Pass `fence` to acquire --since; read again after acquiring unless this said `free`.";
 
 const CHECK_HELP: &str = "\
 Results (one JSON object on stdout) and exit status:
@@ -89,7 +106,7 @@ struct LockArgs {
 struct TakeArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// Lease in seconds, 1..=2592000 (run renews it every ttl/3 while CMD runs).
+    /// Lease in seconds, 1..=2592000: longer than the longest gap between two renewals, the whole post included (run renews it every ttl/3 while CMD runs). The default, 7200, makes a run killed without releasing block the next for 2 hours.
     #[arg(
         long,
         allow_hyphen_values = true,
@@ -97,13 +114,13 @@ struct TakeArgs {
         default_value = "7200"
     )]
     ttl: OsString,
-    /// Free text kept in the record (at most 1,000 bytes, no control characters but tab).
+    /// Free text kept in the record and shown to a run that finds the lock held: say which run this is (at most 1,000 bytes, no control characters but tab).
     #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
     note: Option<OsString>,
     /// Keep trying (jittered back-off) for up to SECS seconds before giving up.
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     wait: Option<OsString>,
-    /// Pass the `fence` that `status` showed before the run read what it will act on (`null` or 0 when it showed none); the `acquired` result then says `others_since` (run: the `ran` result, and $SKILL_LOCK_OTHERS_SINCE for CMD): true when another run acquired the lock since, or the store cannot tell. Re-read before writing when it is true.
+    /// Pass the `fence` that `status` showed before the run read what it will act on (`null` or 0 when it showed none); the `acquired` result then says `others_since` (run: the `ran` result, and $SKILL_LOCK_OTHERS_SINCE for CMD): true when another run acquired the lock (or revived its lease) since, or the store cannot tell; null without --since. Read again before writing unless `status` said `free` and `others_since` is false.
     #[arg(long, allow_hyphen_values = true, value_name = "FENCE")]
     since: Option<OsString>,
 }
@@ -124,9 +141,12 @@ struct RenewArgs {
     /// New lease in seconds (default: the ttl it was acquired with).
     #[arg(long, allow_hyphen_values = true, value_name = "SECS")]
     ttl: Option<OsString>,
-    /// Renew only if this token holds the lock (default: $SKILL_LOCK_TOKEN).
+    /// The token acquire printed (default: $SKILL_LOCK_TOKEN): renews only if it holds the lock. Required unless --force.
     #[arg(long, allow_hyphen_values = true, value_name = "T")]
     token: Option<OsString>,
+    /// Operator's override: extend whoever holds the lock (no token; never in a skill).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +174,9 @@ struct CheckArgs {
 struct RunArgs {
     #[command(flatten)]
     take: TakeArgs,
+    /// Exit N (0-255) instead of 3 when CMD was not run because the lock is held (flock's -E), so a CMD that itself exits 3 is told apart; pick an N that CMD never exits with.
+    #[arg(long, allow_hyphen_values = true, value_name = "N")]
+    conflict_exit_code: Option<OsString>,
     /// The command to run while holding the lock.
     #[arg(last = true, required = true, value_name = "CMD")]
     cmd: Vec<OsString>,
@@ -202,18 +225,19 @@ enum Command {
     /// Take the lock when it is free or stale; prints the token.
     #[command(after_help = ACQUIRE_HELP)]
     Acquire(AcquireArgs),
-    /// Extend a held lease to now + ttl.
+    /// Extend your held lease to now + ttl (needs the token; renew right before each send).
     Renew(RenewArgs),
     /// Remove the lock (with --token: only if it is yours).
     Release(ReleaseArgs),
-    /// Show whether a lock is held, stale or free (read-only).
+    /// Show whether a lock is held, stale or free, and its fence (read-only).
+    #[command(after_help = STATUS_HELP)]
     Status(LockArgs),
     /// Show every lock in the store (read-only).
     List,
     /// Exit 0 only if the token holds a live lease (read-only).
     #[command(after_help = CHECK_HELP)]
     Check(CheckArgs),
-    /// Run CMD while holding the lock (renewed, released at the end); JSON on stderr.
+    /// Run CMD while holding the lock (renewed, released at the end); JSON on stderr. Exit 3 (or --conflict-exit-code N) when held: CMD not run.
     Run(RunArgs),
     /// Show the newest lock events, oldest first (read-only).
     History(HistoryArgs),
@@ -237,22 +261,46 @@ fn utf8(value: &OsString, what: &str) -> Result<String> {
         .ok_or_else(|| Error::Usage(format!("{what} is not valid UTF-8")))
 }
 
-/// The token of renew, release and check: `--token` (even empty: a token
-/// that matches nothing), else `SKILL_LOCK_TOKEN`, which must not be empty
-/// when set (SPEC §2): an agent's shell that lost its token (a failed `jq`
+/// The token of renew, release and check: `--token`, else
+/// `SKILL_LOCK_TOKEN`; either one empty is a `usage` error, the same for
+/// both (SPEC §2): an agent's shell that lost its token (a failed `jq`
 /// leaves the variable empty) must never act as if it had passed none,
 /// which for `release` would remove whoever's lock is there.
 fn token_of(flag: Option<&OsString>, env_token: Option<&OsString>) -> Result<Option<String>> {
-    match (flag, env_token) {
-        (Some(t), _) => utf8(t, "--token").map(Some),
-        (None, Some(t)) if t.is_empty() => Err(Error::Usage(
-            "SKILL_LOCK_TOKEN is set but empty (was the token lost?), so nothing was done: \
-             pass the token acquire printed (--token T or SKILL_LOCK_TOKEN=T), or unset \
-             SKILL_LOCK_TOKEN to act without a token"
+    let (token, what) = match (flag, env_token) {
+        (Some(t), _) => (t, "--token"),
+        (None, Some(t)) => (t, "SKILL_LOCK_TOKEN"),
+        (None, None) => return Ok(None),
+    };
+    if token.is_empty() {
+        return Err(Error::Usage(format!(
+            "{what} is empty (was the token lost?), so nothing was done: pass the token \
+             acquire printed (SKILL_LOCK_TOKEN=T or --token T, from the same shell that ran \
+             acquire); if it is lost, post nothing more: the lock ends with its lease"
+        )));
+    }
+    utf8(token, what).map(Some)
+}
+
+/// The token of `renew` (SPEC §2.2): required, unless `--force` (the
+/// operator's override, which takes none): a run that dropped its token by
+/// mistake must never go on posting under another run's lease.
+fn renew_token(token: Option<String>, force: bool) -> Result<Option<String>> {
+    match (token, force) {
+        (Some(t), false) => Ok(Some(t)),
+        (None, true) => Ok(None),
+        (None, false) => Err(Error::Usage(
+            "renew needs the token acquire printed, so nothing was done: run \
+             SKILL_LOCK_TOKEN=$token skill-lock renew ... (or --token T); an operator who means \
+             to extend whoever holds the lock passes --force instead"
                 .into(),
         )),
-        (None, Some(t)) => utf8(t, "SKILL_LOCK_TOKEN").map(Some),
-        (None, None) => Ok(None),
+        (Some(_), true) => Err(Error::Usage(
+            "renew --force extends whoever holds the lock and takes no token, so nothing was \
+             done: to renew your own lease drop --force; as an operator drop --token and unset \
+             SKILL_LOCK_TOKEN"
+                .into(),
+        )),
     }
 }
 
@@ -279,6 +327,17 @@ fn wait_of(w: &OsString) -> Result<Duration> {
         .filter(|&s| s <= lease::MAX_TTL)
         .map(Duration::from_secs)
         .ok_or_else(|| Error::Usage(format!("--wait {text:?}: give whole seconds, 0 to 2592000")))
+}
+
+/// Parses `run --conflict-exit-code N`: an exit status, 0 to 255.
+fn conflict_exit_code_of(v: &OsString) -> Result<u8> {
+    let text = v.to_string_lossy();
+    text.parse::<u8>().map_err(|_| {
+        Error::Usage(format!(
+            "--conflict-exit-code {text:?}: give a whole number 0 to 255 (an exit status is one \
+             byte), one the command never exits with itself, e.g. 75"
+        ))
+    })
 }
 
 fn since_of(v: &OsString) -> Result<u64> {
@@ -367,17 +426,23 @@ impl Command {
                 // the keeper may be killed; the platform's `run` names what
                 // it can (the keeper's group; on Windows the wrapper).
                 let (key, req, wait) = a.take.validate(None)?;
+                let conflict_exit_code = a
+                    .conflict_exit_code
+                    .as_ref()
+                    .map(conflict_exit_code_of)
+                    .transpose()?;
                 Action::Run {
                     key,
                     req,
                     wait,
                     cmd: a.cmd,
+                    conflict_exit_code,
                 }
             }
             Self::Renew(a) => Action::Renew {
                 key: key_of(&a.lock)?,
                 ttl: a.ttl.as_ref().map(ttl_of).transpose()?,
-                token: token(a.token.as_ref())?,
+                token: renew_token(token(a.token.as_ref())?, a.force)?,
             },
             Self::Release(a) => Action::Release {
                 key: key_of(&a.lock)?,

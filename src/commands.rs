@@ -38,6 +38,14 @@ pub(crate) fn execute(settings: &Settings, channel: Channel) -> Result<ExitStatu
     }
     let report = report(settings, &store)?;
     match (report.write(channel), &settings.action, report.token()) {
+        (
+            Ok(()),
+            Action::Run {
+                conflict_exit_code: Some(n),
+                ..
+            },
+            _,
+        ) if report.exit_status() == ExitStatus::AlreadyRunning => Ok(ExitStatus::Conflict(*n)),
         (Ok(()), ..) => Ok(report.exit_status()),
         (Err(e), Action::Acquire { key, .. }, Some(token)) => {
             give_back(settings, &store, key, token, &e);
@@ -71,6 +79,7 @@ pub(crate) fn report(settings: &Settings, store: &AnyStore) -> Result<Report> {
             req,
             wait,
             cmd,
+            ..
         } => run(settings, store, key, req, *wait, cmd)?,
         Action::Renew { key, token, ttl } => renew(settings, store, key, token.as_deref(), *ttl)?,
         Action::Release { key, token, force } => {

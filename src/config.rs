@@ -114,12 +114,15 @@ pub(crate) enum Action {
         wait: Option<Duration>,
         /// CMD and its arguments.
         cmd: Vec<OsString>,
+        /// `--conflict-exit-code N`: the exit status when CMD was not run
+        /// because the lock is held (3 without it).
+        conflict_exit_code: Option<u8>,
     },
     /// `renew` (SPEC §2.2).
     Renew {
         /// The lock.
         key: LockKey,
-        /// `--token`.
+        /// `--token` (or `SKILL_LOCK_TOKEN`); `None` only with `--force`.
         token: Option<String>,
         /// `--ttl`.
         ttl: Option<u64>,

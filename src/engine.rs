@@ -434,6 +434,7 @@ fn decide_renew(
         return Decision::Keep(outcome, vec![ev]);
     }
     let was_expired = matches!(lease::verdict(seen, &ctx.now), Verdict::Stale { .. });
+    let revived = was_expired || lease::readers_may_call_stale(seen, &ctx.now);
     let ttl = ttl.unwrap_or(rec.holder.ttl);
     let term = lease::term(&ctx.now, ttl);
     let terms = Terms {
@@ -447,7 +448,12 @@ fn decide_renew(
     let renewed = |holder: &Holder| {
         let mut ev = event(EventKind::Renewed, key, ctx, Some(holder));
         if was_expired {
-            ev.reason = Some("was_expired".into());
+            ev.reason = Some("was_expired; revived with a new fence".into());
+        } else if revived {
+            ev.reason = Some("revived with a new fence: a reader may have called it stale".into());
+        }
+        if revived {
+            ev.previous = Some(rec.holder.clone());
         }
         ev
     };
@@ -455,6 +461,12 @@ fn decide_renew(
         was_expired,
         now: ctx.now.clone(),
     };
+    // A revived lease is a new acquisition for the fence (SPEC §2.2):
+    // another run may have read the lock as `stale` meanwhile, and its
+    // `acquire --since` must find that someone held it since.
+    if revived {
+        return Decision::Acquire(Acquisition::revival(rec, terms, renewed, then));
+    }
     Decision::Renew(Renewal::new(rec, terms, renewed, then))
 }
 
@@ -583,13 +595,24 @@ pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<Statu
         latest = store.last_fence(key)?;
         current = store.read(key)?;
     }
-    let fence = current.record().map(|r| r.holder.fence).or(latest);
     // The clock is read after the store answered: time spent connecting
     // (a network store's failover) is never counted as lease left.
-    Ok(Status {
-        state: judge(&current, &ctx.at_decision().now),
-        fence,
-    })
+    let mut state = judge(&current, &ctx.at_decision().now);
+    // A lease judged stale on a read made before the clock was read may
+    // have been renewed in between, by a renewal that then saw it live and
+    // kept its fence. Read again: the same record means no renewal came
+    // before this clock reading, so any later one finds it run out and
+    // revives it under a new fence (SPEC §2.2); another record is judged
+    // afresh.
+    if matches!(state, State::Stale { .. }) && current.record().is_some() {
+        let again = store.read(key)?;
+        if again.record() != current.record() {
+            current = again;
+            state = judge(&current, &ctx.at_decision().now);
+        }
+    }
+    let fence = current.record().map(|r| r.holder.fence).or(latest);
+    Ok(Status { state, fence })
 }
 
 /// Visits every lock of `store` in `list`'s order (SPEC §2.5), judged at
@@ -656,13 +679,15 @@ mod tests {
     type Hook = Box<dyn FnOnce(&Memory)>;
 
     /// A store in memory: one map of locks, fences that survive release, a
-    /// history; `racer` runs once, inside the next `last_fence`.
+    /// history; `racer` runs once, inside the next `last_fence`, and
+    /// `read_racer` once, just after the next `read` has read.
     #[derive(Default)]
     struct Memory {
         locks: RefCell<BTreeMap<String, Current>>,
         fences: RefCell<BTreeMap<String, u64>>,
         events: RefCell<Vec<Event>>,
         racer: RefCell<Option<Hook>>,
+        read_racer: RefCell<Option<Hook>>,
     }
 
     impl Memory {
@@ -685,12 +710,17 @@ mod tests {
         }
 
         fn read(&self, key: &LockKey) -> Result<Current> {
-            Ok(self
+            let current = self
                 .locks
                 .borrow()
                 .get(&key.name())
                 .cloned()
-                .unwrap_or(Current::Free))
+                .unwrap_or(Current::Free);
+            let racer = self.read_racer.borrow_mut().take();
+            if let Some(race) = racer {
+                race(self);
+            }
+            Ok(current)
         }
 
         fn update<K, W>(
@@ -929,6 +959,46 @@ mod tests {
         assert_eq!(
             renew(&store, &key(), Some(&token), None, &at(0)).unwrap(),
             Renew::NotHeld { corrupt: true }
+        );
+    }
+
+    #[test]
+    fn a_revived_lease_takes_a_new_fence_that_since_sees() {
+        let store = Memory::default();
+        // B reads status while A's lease has run out (stale), then A revives.
+        let (token, first) = acquired(&store, 10, &at(0));
+        let since = shown(&store, &at(20));
+        assert_eq!(since, first.fence);
+        let Renew::Renewed {
+            holder,
+            was_expired,
+            ..
+        } = renew(&store, &key(), Some(&token), None, &at(21)).unwrap()
+        else {
+            panic!("not renewed")
+        };
+        assert!(was_expired);
+        assert!(holder.fence > first.fence, "a revival takes a new fence");
+        assert_eq!(holder.started, first.started, "the same holder");
+        // A renewal of a live lease keeps it.
+        let Renew::Renewed { holder: kept, .. } =
+            renew(&store, &key(), Some(&token), None, &at(22)).unwrap()
+        else {
+            panic!("not renewed")
+        };
+        assert_eq!(kept.fence, holder.fence);
+        release(&store, &key(), Some(&token), false, &at(23)).unwrap();
+        let (_, _, others) = acquired_since(&store, since, &at(24));
+        assert_eq!(others, Some(true), "B must read again");
+        let events = store.events.borrow();
+        let revival = events
+            .iter()
+            .find(|e| e.event == EventKind::Renewed && e.previous.is_some())
+            .expect("the revival is in the history");
+        assert_eq!(revival.fence, Some(holder.fence));
+        assert_eq!(
+            revival.previous.as_ref().map(|p| p.fence),
+            Some(first.fence)
         );
     }
 
@@ -1195,6 +1265,23 @@ mod tests {
         let seen = status(&store, &key(), &at(3)).unwrap();
         assert!(matches!(seen.state, State::Held { .. }), "{seen:?}");
         assert_eq!(seen.fence, Some(2), "the fence of the lock it shows");
+    }
+
+    #[test]
+    fn status_never_calls_stale_a_lease_renewed_between_its_read_and_its_clock() {
+        let store = Memory::default();
+        let (token, first) = acquired(&store, 10, &at(0));
+        // status reads the record, then its holder renews it (live at 9:
+        // no revival, the same fence), then status reads the clock at 11.
+        *store.read_racer.borrow_mut() = Some(Box::new(move |s: &Memory| {
+            renew(s, &key(), Some(&token), None, &at(9)).unwrap();
+        }));
+        let seen = status(&store, &key(), &at(11)).unwrap();
+        assert!(matches!(seen.state, State::Held { .. }), "{seen:?}");
+        assert_eq!(seen.fence, Some(first.fence));
+        // Nobody renewed: stale, and a renewal after it revives.
+        let seen = status(&store, &key(), &at(30)).unwrap();
+        assert!(matches!(seen.state, State::Stale { .. }), "{seen:?}");
     }
 
     /// A context at `secs` on this process's real boot clock: records it

@@ -161,6 +161,36 @@ pub fn verdict_at(seen: &Seen, now: &Now, here: &Origin) -> Verdict {
     }
 }
 
+/// How long before the `expires` its holder was told a reader of a network
+/// store may already call a lease `stale` (SPEC §8: one second).
+pub const EARLY_STALE_MS: i64 = 1000;
+
+/// May a reader already call this lease `stale` (or will it, before a
+/// renewal decided now lands)? True when its lease has run out as this
+/// decision judges it, and on a store whose lease ends by the wall clock
+/// (a network store, [`LeaseEnd::Wall`]) also within [`EARLY_STALE_MS`]
+/// of the `expires` its holder was told, since a reader there may judge
+/// it that much early. A renewal of such a lease revives it: it takes a
+/// new fence (SPEC §2.2).
+#[must_use]
+pub fn readers_may_call_stale(seen: &Seen, now: &Now) -> bool {
+    if seen_remaining_ms(seen, now) <= 0 {
+        return true;
+    }
+    match seen.lease_end {
+        LeaseEnd::Recorded => false,
+        LeaseEnd::Wall(_) => {
+            let told = seen
+                .holder()
+                .expires
+                .0
+                .saturating_mul(1000)
+                .saturating_sub(now.wall_ms);
+            told <= EARLY_STALE_MS
+        }
+    }
+}
+
 /// Milliseconds left on the lease of a lock a store saw.
 #[must_use]
 pub fn seen_remaining_ms(seen: &Seen, now: &Now) -> i64 {
@@ -273,6 +303,28 @@ mod tests {
         assert!(!impossible(remaining_ms(&h, &now(0, None))));
         h.expires = Timestamp(i64::try_from(MAX_TTL + FUTURE_SLACK_SECS).unwrap() + 2);
         assert!(impossible(remaining_ms(&h, &now(1000, None))));
+    }
+
+    #[test]
+    fn a_renewal_revives_what_a_reader_may_already_call_stale() {
+        let mut rec = sample(None);
+        rec.holder.expires = Timestamp(100);
+        rec.holder.deadline_boot_ms = None;
+        rec.holder.owner_pgid = None;
+        // Its own terms (the file store): only once the lease has run out.
+        let seen = Seen::recorded(rec.clone());
+        assert!(!readers_may_call_stale(&seen, &now(99_500, None)));
+        assert!(readers_may_call_stale(&seen, &now(100_000, None)));
+        // A cluster's lease (etcd): a reader may call it stale a second
+        // before the expires its holder was told, however long the
+        // cluster's lease still runs.
+        let seen = Seen {
+            lease_end: LeaseEnd::Wall(Timestamp(102)),
+            ..Seen::recorded(rec)
+        };
+        assert!(!readers_may_call_stale(&seen, &now(98_999, None)));
+        assert!(readers_may_call_stale(&seen, &now(99_000, None)));
+        assert!(readers_may_call_stale(&seen, &now(101_000, None)));
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub enum ExitStatus {
     Ran(u8),
     /// `run --wait` ended by a signal before CMD started: 128+signal.
     Interrupted(u8),
+    /// `run --conflict-exit-code N`: CMD was not run because the lock is
+    /// held (SPEC §2 "Exit status"), N instead of 3.
+    Conflict(u8),
 }
 
 impl ExitStatus {
@@ -48,7 +51,7 @@ impl ExitStatus {
             Self::Error => 2,
             Self::AlreadyRunning => 3,
             Self::NotYours => 4,
-            Self::Ran(status) | Self::Interrupted(status) => status,
+            Self::Ran(status) | Self::Interrupted(status) | Self::Conflict(status) => status,
         }
     }
 }

@@ -166,6 +166,22 @@ impl NewRecord {
     /// The record with the fence its store assigned.
     #[must_use]
     pub fn fenced(self, fence: u64) -> OwnerRecord {
+        self.with_fence(fence)
+    }
+}
+
+impl OwnerRecord {
+    /// The same record without its fence: what a revived lease (SPEC §2.2)
+    /// is written as, so that its store gives it a new one.
+    #[must_use]
+    pub fn unfenced(&self) -> NewRecord {
+        self.clone().with_fence(NoFence)
+    }
+}
+
+impl<F> OwnerRecord<F> {
+    /// The same record with `fence` in place of its own.
+    fn with_fence<G>(self, fence: G) -> OwnerRecord<G> {
         let h = self.holder;
         OwnerRecord {
             holder: Holder {

@@ -7,12 +7,85 @@
 //! ([`acquire_interruptible`], SPEC §2.7); `acquire --wait` keeps the
 //! signals' default action, which ends it just as well.
 
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use crate::engine::{self, Acquire, AcquireRequest, Clock, Context};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
+use crate::record::Holder;
 use crate::store::Store;
+use crate::visible::visible;
+
+/// What a person waiting at a terminal is told (SPEC issue 35, as cargo
+/// says "Blocking waiting for file lock"): who holds the lock, until when,
+/// and when the wait gives up; said again only when that changes (another
+/// holder, a renewed or revived lease). Written only when standard error
+/// is a terminal, so a script's streams never change; standard output is
+/// untouched either way. A holder's host and note are shown escaped
+/// ([`visible`]): the record may be forged.
+struct Notice {
+    to_terminal: bool,
+    last: Option<String>,
+}
+
+impl Notice {
+    fn new() -> Self {
+        Self {
+            to_terminal: std::io::stderr().is_terminal(),
+            last: None,
+        }
+    }
+
+    /// The line for `holder`, whose lease has `expires_in` seconds left,
+    /// with `left` of the wait to go.
+    fn line(key: &LockKey, holder: &Holder, expires_in: u64, left: Duration) -> String {
+        let until = if expires_in == 0 {
+            format!(
+                "past its expires {} (a run frozen or still working: held while its processes live)",
+                holder.expires
+            )
+        } else {
+            format!(
+                "until {} (in {expires_in} s) unless renewed",
+                holder.expires
+            )
+        };
+        let note = holder
+            .note
+            .as_deref()
+            .map(|n| format!(", note \"{}\"", visible(n)))
+            .unwrap_or_default();
+        format!(
+            "skill-lock: Blocking waiting for the lock {} on {} held by {} (pid {}, fence {}{note}) {until}; giving up in {} s",
+            key.skill(),
+            key.repo(),
+            visible(&holder.host),
+            holder
+                .owner_pid
+                .or(holder.owner_pgid)
+                .map_or_else(|| "unknown".to_owned(), |p| p.to_string()),
+            holder.fence,
+            left.as_secs()
+        )
+    }
+
+    /// Says `line` on standard error, if it is a terminal and the line
+    /// says something new (the countdown alone is not new).
+    fn say(&mut self, key: &LockKey, holder: &Holder, expires_in: u64, left: Duration) {
+        if !self.to_terminal {
+            return;
+        }
+        let what = (holder.fence, holder.expires, &holder.host);
+        let what = format!("{what:?}");
+        if self.last.as_ref() == Some(&what) {
+            return;
+        }
+        self.last = Some(what);
+        let line = Self::line(key, holder, expires_in, left);
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    }
+}
 
 /// Sleeps between attempts of `--wait`: doubling from 10 ms to 250 ms, each
 /// drawn at random from its upper half, and never past the moment the holder's lease runs out.
@@ -90,6 +163,7 @@ pub(crate) fn acquire_interruptible(
 ) -> Result<Waited> {
     let deadline = Instant::now() + wait.unwrap_or_default();
     let mut attempt = 0;
+    let mut notice = Notice::new();
     loop {
         if let Some(sig) = pause(Duration::ZERO) {
             return Ok(Waited::Interrupted(sig));
@@ -97,12 +171,14 @@ pub(crate) fn acquire_interruptible(
         let began = crate::clock::lease_clock();
         let ctx = Context::with_clock(clock.clone());
         let outcome = engine::acquire(store, key, req, &ctx)?;
-        let Acquire::AlreadyRunning { expires_in, .. } = &outcome else {
+        let Acquire::AlreadyRunning { expires_in, holder } = &outcome else {
             return Ok(Waited::Done { outcome, began });
         };
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Ok(Waited::Done { outcome, began });
         }
+        notice.say(key, holder, *expires_in, deadline - now);
         // A `run` group still alive holds its lock past `expires`: then
         // the lease end tells nothing, and the back-off alone paces.
         let left = i64::try_from(expires_in.saturating_mul(1000))

@@ -121,6 +121,10 @@ enum Notice {
         began: Duration,
         result: Result<Renew>,
     },
+    /// A renewal asked for was not sent: when the worker came to it, the
+    /// confirmed lease had already ended (this process was frozen or
+    /// starved past it). Renewing then would revive the lease (SPEC §2.7).
+    TooLate,
 }
 
 /// The lease `run` holds.
@@ -213,7 +217,7 @@ fn supervise<S: Store + Clone + Send + 'static>(
     tree.reports(tx.clone(), Notice::Tree);
     signals.forward(tx.clone(), Notice::Signal);
     let renew = renewal_worker(store, lease, tx);
-    let watched = watch(&rx, &renew, &mut renewer, &mut tree);
+    let watched = watch(&rx, &renew, &mut renewer, &mut tree, lease.fence);
     drop(renew);
     let grace = renewer.margins().grace;
     let mut last_signal = watched.last_signal;
@@ -355,13 +359,17 @@ fn completion(end: &TreeEnd, renewals: u64, released: bool) -> Completion {
 }
 
 /// Starts the thread that renews on request (one request, one attempt) and
-/// posts each result with the moment it began.
+/// posts each result with the moment it began. A request carries the end
+/// of the lease confirmed when it was made: a request that the worker
+/// comes to only after that end (the process was frozen past it) is not
+/// sent, since it would revive a lease CMD may already have been told is
+/// over (SPEC §2.7); [`Notice::TooLate`] says so.
 fn renewal_worker<S: Store + Clone + Send + 'static>(
     store: &S,
     lease: &Lease,
     notices: mpsc::Sender<Notice>,
-) -> mpsc::Sender<()> {
-    let (tx, rx) = mpsc::channel::<()>();
+) -> mpsc::Sender<Duration> {
+    let (tx, rx) = mpsc::channel::<Duration>();
     let (store, key, token, ttl) = (
         store.clone(),
         lease.key.clone(),
@@ -369,8 +377,14 @@ fn renewal_worker<S: Store + Clone + Send + 'static>(
         lease.ttl,
     );
     std::thread::spawn(move || {
-        while rx.recv().is_ok() {
+        while let Ok(confirmed_end) = rx.recv() {
             let began = lease_clock();
+            if began >= confirmed_end {
+                if notices.send(Notice::TooLate).is_err() {
+                    return;
+                }
+                continue;
+            }
             let result = engine::renew(&store, &key, Some(&token), Some(ttl), &Context::here());
             if notices.send(Notice::Renewal { began, result }).is_err() {
                 return;
@@ -424,9 +438,10 @@ impl Tally {
 /// end unconfirmed, or the tree's owner is gone.
 fn watch(
     rx: &mpsc::Receiver<Notice>,
-    renew: &mpsc::Sender<()>,
+    renew: &mpsc::Sender<Duration>,
     renewer: &mut Renewer,
     tree: &mut CmdTree,
+    fence: u64,
 ) -> Watched {
     let mut seen = Tally::default();
     loop {
@@ -439,7 +454,7 @@ fn watch(
             let end = End::Lost(seen.exited, false);
             return seen.ended(end);
         }
-        if renewer.due(now) && renew.send(()).is_ok() {
+        if renewer.due(now) && renew.send(renewer.confirmed_end()).is_ok() {
             renewer.sent();
         }
         let end = match rx.recv_timeout(renewer.sleep(now)) {
@@ -455,7 +470,13 @@ fn watch(
                 on_report(report, &mut seen.exited, renewer)
             }
             Ok(Notice::Renewal { began, result }) => {
-                on_renewal(began, result, renewer, tree, &mut seen)
+                on_renewal(began, result, renewer, tree, &mut seen, fence)
+            }
+            Ok(Notice::TooLate) => {
+                eprintln!(
+                    "skill-lock run: the lease ended before its renewal could be sent (this process was paused past it); stopping the command and everything it started"
+                );
+                Some(End::Lost(seen.exited, false))
             }
             Err(_) => None,
         };
@@ -504,15 +525,26 @@ fn on_report(
 
 /// The verdict on a renewal's answer (`Some`: the lease is lost); a
 /// confirmed renewal moves the lease end, and the tree's stop moment, on.
+/// A renewal that revived the lease (it had ended, or a reader may have
+/// called it stale: SPEC §2.2) took a new fence, not the `fence` CMD was
+/// told: the lease CMD writes under is over, so it is lost (SPEC §2.7).
 fn on_renewal(
     began: Duration,
     result: Result<Renew>,
     renewer: &mut Renewer,
     tree: &mut CmdTree,
     seen: &mut Tally,
+    fence: u64,
 ) -> Option<End> {
     let exited = seen.exited;
     match result {
+        Ok(Renew::Renewed { holder, .. }) if holder.fence != fence => {
+            eprintln!(
+                "skill-lock run: the lease had ended when this renewal reached the store (this process was paused past it), so the renewal revived it under fence {}, not the fence {fence} the command was told; stopping the command and everything it started",
+                holder.fence
+            );
+            Some(End::Lost(exited, false))
+        }
         Ok(Renew::Renewed { .. }) => {
             renewer.confirmed(began);
             tree.arm(renewer.stop_at());

@@ -189,13 +189,20 @@ impl Stamp {
 }
 
 /// A new acquisition: the record to create, and the events it makes.
+///
+/// A revived lease (SPEC §2.2) is one too: its holder's renewal of a lease
+/// that a reader may already have called `stale` is written as a new
+/// acquisition of the same holder ([`Acquisition::revival`]), so every
+/// store gives it a new fence by the one mechanism that hands fences out,
+/// and `acquire --since` of a run that read the lock before it answers
+/// `others_since: true`.
 #[derive(Debug)]
 pub struct Acquisition<W> {
     /// The record; the store assigns its fence.
     pub record: NewRecord,
     /// What it replaces.
     pub replaces: Replaces,
-    /// The `acquired` event.
+    /// The `acquired` event (for a revival, the `renewed` one).
     pub acquired: Draft,
     /// The part of the outcome that waits for what was written.
     pub then: W,
@@ -210,13 +217,49 @@ pub enum Replaces {
     Nothing,
     /// A stale or corrupt lock, taken over; the `took_over` event.
     Stale(Draft),
+    /// The same holder's own lease, revived by its renewal (SPEC §2.2):
+    /// the lock is rewritten in place, as a takeover rewrites it, with a
+    /// new fence; the fence it had.
+    Revived(u64),
 }
 
 impl<W> Acquisition<W> {
-    /// Takes over a stale or corrupt lock (rather than creating a free one).
+    /// The revival of `held` by its own holder's renewal with `terms`
+    /// (SPEC §2.2): the same record (token, owner, note, start) with the
+    /// new terms and no fence, so that the store gives it a new one; `event`
+    /// makes its `renewed` event from the renewed holder.
+    pub fn revival(
+        held: &OwnerRecord,
+        terms: Terms,
+        event: impl FnOnce(&Holder) -> Event,
+        then: W,
+    ) -> Self {
+        let renewed = with_terms(held, terms);
+        let acquired = Draft::new(event(&renewed.holder));
+        Self {
+            record: renewed.unfenced(),
+            replaces: Replaces::Revived(held.holder.fence),
+            acquired,
+            then,
+        }
+    }
+
+    /// Replaces a lock that is there (a stale or corrupt lock taken over,
+    /// or its own lease revived), rather than creating a free one.
     #[must_use]
     pub fn takes_over(&self) -> bool {
-        matches!(self.replaces, Replaces::Stale(_))
+        matches!(self.replaces, Replaces::Stale(_) | Replaces::Revived(_))
+    }
+
+    /// For a revival, the fence of the lease it revives (the record it
+    /// writes has the same token, so a store that recognises its own write
+    /// by the token also needs this to tell it from the lease it replaced).
+    #[must_use]
+    pub fn revives(&self) -> Option<u64> {
+        match self.replaces {
+            Replaces::Revived(fence) => Some(fence),
+            Replaces::Nothing | Replaces::Stale(_) => None,
+        }
     }
 
     /// Its events, in order, completed with what the store wrote.
@@ -224,7 +267,7 @@ impl<W> Acquisition<W> {
     pub fn events(&self, stamp: &Stamp) -> Vec<Event> {
         let took_over = match &self.replaces {
             Replaces::Stale(draft) => Some(draft.clone()),
-            Replaces::Nothing => None,
+            Replaces::Nothing | Replaces::Revived(_) => None,
         };
         took_over
             .into_iter()
@@ -266,6 +309,16 @@ pub struct Terms {
     pub deadline_boot_ms: Option<u64>,
 }
 
+/// `held` with the new `terms` of its lease, everything else kept.
+fn with_terms(held: &OwnerRecord, terms: Terms) -> OwnerRecord {
+    let mut record = held.clone();
+    record.holder.expires = terms.expires;
+    record.holder.renewed = Some(terms.renewed);
+    record.holder.ttl = terms.ttl;
+    record.holder.deadline_boot_ms = terms.deadline_boot_ms;
+    record
+}
+
 /// A renewal: the held record with new terms. It can only be made from the
 /// record the store showed ([`Renewal::new`]), so it keeps that record's
 /// fence (and everything else but the terms) by construction.
@@ -286,11 +339,7 @@ impl<W> Renewal<W> {
         event: impl FnOnce(&Holder) -> Event,
         then: W,
     ) -> Self {
-        let mut record = held.clone();
-        record.holder.expires = terms.expires;
-        record.holder.renewed = Some(terms.renewed);
-        record.holder.ttl = terms.ttl;
-        record.holder.deadline_boot_ms = terms.deadline_boot_ms;
+        let record = with_terms(held, terms);
         let renewed = Draft::new(event(&record.holder));
         Self {
             record,
@@ -339,6 +388,7 @@ pub enum Decision<K, W> {
     /// Create the lock (free) or take it over (stale or corrupt).
     Acquire(Acquisition<W>),
     /// Rewrite the record of the same holder (renewal); the fence is kept.
+    /// (A revived lease is an [`Decision::Acquire`]: it takes a new fence.)
     Renew(Renewal<W>),
     /// Remove the lock: the outcome, and the event.
     Delete(K, Event),

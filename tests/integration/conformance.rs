@@ -83,7 +83,7 @@ store_test!(
         assert_eq!(rel.holder().fence, a.must_fence());
         lock.op("release").expect(0, "not_held");
         lock.op("check").token(&t).expect(4, "not_held");
-        lock.op("renew").expect(4, "not_held");
+        lock.op("renew").force().expect(4, "not_held");
         assert_eq!(lock.state(), "free");
 
         // The fence survives release.
@@ -162,14 +162,15 @@ store_test!(
         assert_eq!((r.ttl(), r.was_expired(), r.fence()), (100, false, a.fence()));
         assert!(is_rfc3339_second(r.expires()) && is_rfc3339_second(r.renewed()));
         // Default ttl of renew is the lock's own ttl (now 100).
-        assert_eq!(lock.op("renew").reply().ttl(), 100);
+        assert_eq!(lock.op("renew").token(&token).reply().ttl(), 100);
         lock.op("renew").token(&token).ttl(store.short_ttl()).reply().is("renewed");
         std::thread::sleep(Duration::from_millis(3200));
         let r = lock.op("renew").token(&token).ttl(60).reply();
         assert!(r.was_expired(), "{r:?}");
-        lock.check(&token).is("held");
+        assert!(r.fence() > a.fence(), "a revived lease takes a new fence: {r:?}");
+        assert_eq!(lock.check(&token).is("held").fence(), r.fence());
         lock.op("release").expect(0, "released");
-        lock.op("renew").expect(4, "not_held");
+        lock.op("renew").force().expect(4, "not_held");
     }
 );
 

@@ -891,9 +891,10 @@ fn whole_cycle(w: &mut World) {
         &empty,
         &format!("renew {l}"),
     );
+    w.c("renew: no token is refused", &format!("renew {l}"));
     w.c(
-        "renew: no token renews whoever holds it",
-        &format!("renew {l}"),
+        "renew --force: renews whoever holds it",
+        &format!("renew {l} --force"),
     );
     w.c(
         "release: another token is refused",

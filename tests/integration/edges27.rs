@@ -5,7 +5,7 @@
 //! control characters or an extra line (§3, §2.7), and the hint pastes from
 //! anywhere for any root and a relative `git:` path (§2.1).
 //!
-//! Covers: SPEC §2, §2.1, §2.7, §3, §5, §8.
+//! Covers: SPEC §2, §2.1, §2.2, §2.7, §3, §5, §8.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -63,12 +63,17 @@ fn an_empty_token_variable_is_a_usage_error_that_changes_nothing() {
         }
         still_held_by(&lock, &token, fence);
     }
-    // `--token ''` is a token given, that matches nothing: never "no token".
-    let empty = |verb: &str| lock.op(verb).token("").env("SKILL_LOCK_TOKEN", "").reply();
-    assert!(matches!(empty("check"), Reply::NotOwner { .. }));
-    assert!(matches!(empty("renew"), Reply::NotOwner { .. }));
-    assert!(matches!(empty("release"), Reply::Refused { .. }));
-    still_held_by(&lock, &token, fence);
+    // `--token ''` answers as an empty variable does (SPEC §2): `usage`,
+    // exit 2, never "no token" and never `refused`.
+    for (verb, forced) in TOKEN_VERBS {
+        let out = token_verb(&lock, verb, forced).token("").run();
+        assert_eq!(out.code, 2, "{verb} {forced} --token '': {}", out.stdout);
+        match out.reply() {
+            Reply::Error { error, .. } => assert_eq!(error, "usage", "{verb} {forced}"),
+            other => panic!("{verb} {forced} with --token '': {other:?}"),
+        }
+        still_held_by(&lock, &token, fence);
+    }
     // The real token in the variable still works.
     let out = lock.op("release").env("SKILL_LOCK_TOKEN", &token).reply();
     assert!(matches!(out, Reply::Released { forced: false, .. }));
@@ -539,4 +544,88 @@ fn the_hint_pastes_for_a_relative_git_store_path() {
         paste(&hint, &elsewhere, &[("SKILL_LOCK_GIT_CACHE", &cache)]);
         free(&lock);
     }
+}
+
+/// `renew` needs the token unless `--force`, and `--force` takes none
+/// (SPEC §2.2): a run that dropped its `SKILL_LOCK_TOKEN=` prefix is refused
+/// (usage, exit 2) and the holder's lease is left as it was; the messages
+/// say what to do and never advise acting without a token.
+#[test]
+fn renew_without_a_token_is_refused_unless_forced_and_forced_takes_none() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let lock = Lock::new(&repo, "s", "o/r");
+    let first = lock.acquire();
+    let (token, fence) = (first.token().to_owned(), first.fence().unwrap());
+    let out = lock.op("renew").run();
+    assert_eq!(out.code, 2, "{}", out.stdout);
+    let msg = out.error_message("usage");
+    assert!(
+        msg.contains("SKILL_LOCK_TOKEN=") && msg.contains("--force"),
+        "{msg}"
+    );
+    still_held_by(&lock, &token, fence);
+    let out = lock.op("renew").token(&token).force().run();
+    assert_eq!(out.code, 2, "{}", out.stdout);
+    let msg = out.error_message("usage");
+    assert!(msg.contains("drop --force"), "{msg}");
+    let out = lock
+        .op("renew")
+        .force()
+        .env("SKILL_LOCK_TOKEN", &token)
+        .run();
+    assert_eq!(
+        out.code, 2,
+        "a token in the environment counts: {}",
+        out.stdout
+    );
+    still_held_by(&lock, &token, fence);
+    for empty in [
+        lock.op("renew").env("SKILL_LOCK_TOKEN", "").run(),
+        lock.op("renew").token("").run(),
+    ] {
+        let msg = empty.error_message("usage");
+        assert!(
+            !msg.contains("unset"),
+            "never advise dropping the token: {msg}"
+        );
+    }
+    lock.op("renew").force().expect(0, "renewed");
+    lock.op("renew").token(&token).expect(0, "renewed");
+}
+
+/// `run --conflict-exit-code N` exits N, not 3, when CMD was not run
+/// because the lock is held; a CMD that exits 3 itself still exits 3; N
+/// outside 0..=255 is a usage error.
+#[test]
+fn run_conflict_exit_code_tells_held_from_a_command_that_exits_3() {
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let lock = Lock::new(&repo, "s", "o/r");
+    let out = lock
+        .op("run")
+        .args(["--conflict-exit-code", "75"])
+        .command(["sh", "-c", "exit 3"])
+        .run();
+    assert_eq!(out.code, 3, "the command's own 3: {}", out.stderr);
+    let held = lock.acquire();
+    let out = lock
+        .op("run")
+        .args(["--conflict-exit-code", "75"])
+        .command(["sh", "-c", "exit 0"])
+        .run();
+    assert_eq!(out.code, 75, "held, not run: {}", out.stderr);
+    assert!(out.stderr.contains("already_running"), "{}", out.stderr);
+    let out = lock.op("run").command(["true"]).run();
+    assert_eq!(out.code, 3, "without it, 3: {}", out.stderr);
+    for bad in ["256", "-1", "x"] {
+        let out = lock
+            .op("run")
+            .args(["--conflict-exit-code", bad])
+            .command(["true"])
+            .run();
+        assert_eq!(out.code, 2, "{bad}: {}", out.stderr);
+        assert!(out.stderr.contains("0 to 255"), "{bad}: {}", out.stderr);
+    }
+    lock.release(held.token()).is("released");
 }

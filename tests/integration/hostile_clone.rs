@@ -179,7 +179,7 @@ pub(crate) fn every_command(cwd: &Path) -> Vec<(&'static str, Cmd)> {
         ("acquire", lock.op("acquire").cmd()),
         ("status", lock.op("status").cmd()),
         ("list", lock.store_op("list").cmd()),
-        ("renew", lock.op("renew").cmd()),
+        ("renew", lock.op("renew").force().cmd()),
         ("check", lock.op("check").token(NO_TOKEN).cmd()),
         ("history", lock.op("history").cmd()),
         ("history", lock.store_op("history").cmd()),

@@ -297,11 +297,13 @@ fn takeover_racing_a_renew_by_the_old_holder() {
             let v = lab.status(skill);
             let (a, r) = (acq.reply(), renew.reply());
             match (&a, &r) {
-                // The renew went first: the old lease lives again.
+                // The renew went first: the old lease lives again, with a
+                // new fence (a revival, SPEC §2.2).
                 (Reply::AlreadyRunning { .. }, Reply::Renewed { was_expired, .. }) => {
-                    assert_eq!((*was_expired, r.must_fence()), (true, old_fence), "{all}");
-                    assert_eq!(a.holder().fence, old_fence, "{all}");
-                    assert_eq!((v.state(), v.holder().fence), ("held", old_fence));
+                    let revived = r.must_fence();
+                    assert!(*was_expired && revived > old_fence, "{all}");
+                    assert_eq!(a.holder().fence, revived, "{all}");
+                    assert_eq!((v.state(), v.holder().fence), ("held", revived));
                     "renew first"
                 }
                 // The takeover went first: the old token is powerless.

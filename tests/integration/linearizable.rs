@@ -141,6 +141,9 @@ struct Holder {
     /// The lease's end as its holder was last told (a lower bound of the
     /// cluster's); i64::MIN when nobody was told.
     expires_ms: i64,
+    /// A renewal of it whose answer nobody got may have revived it under
+    /// a new fence (SPEC §2.2): the next fence shown may be a new one.
+    may_revive: bool,
 }
 
 /// The lock, sequentially.
@@ -186,7 +189,15 @@ impl LockModel {
         };
         match (h.fence, fence) {
             (_, None) => true,
-            (Some(known), Some(f)) => known == f,
+            (Some(known), Some(f)) if known == f => true,
+            // A renewal whose answer was lost revived it.
+            (Some(_), Some(f)) if h.may_revive && f > self.last_fence => {
+                h.fence = Some(f);
+                h.may_revive = false;
+                self.last_fence = f;
+                true
+            }
+            (Some(_), Some(_)) => false,
             (None, Some(f)) if f > self.last_fence => {
                 h.fence = Some(f);
                 self.last_fence = f;
@@ -210,6 +221,7 @@ impl SequentialSpec for LockModel {
                     token: None,
                     fence: None,
                     expires_ms: i64::MIN,
+                    may_revive: false,
                 });
             }
             Op::Renew { token, ttl, inv_ms } if self.holds(token) => {
@@ -218,6 +230,7 @@ impl SequentialSpec for LockModel {
                     // reaches at least this far (etcd rounds down to the second).
                     let at_least = inv_ms + i64::try_from(*ttl).unwrap() * 1000 - 1000;
                     h.expires_ms = h.expires_ms.max(at_least);
+                    h.may_revive = true;
                 }
             }
             Op::Release { token } if self.holds(token) => self.holder = None,
@@ -249,13 +262,29 @@ impl SequentialSpec for LockModel {
                     token: Some(token.clone()),
                     fence: Some(*fence),
                     expires_ms: *expires_ms,
+                    may_revive: false,
                 });
                 self.last_fence = *fence;
                 true
             }
             (Op::Acquire { .. }, Ret::AlreadyRunning { fence }) => self.fence_is(*fence),
             (Op::Renew { token, .. }, Ret::Renewed { fence, expires_ms }) => {
-                if !self.holds(token) || !self.fence_is(Some(*fence)) {
+                if !self.holds(token) {
+                    return false;
+                }
+                // A renewal decided when a reader may already call the
+                // lease stale (the second before the end its holder was
+                // told, or later) revives it under a new fence (SPEC §2.2).
+                // (When exactly it was decided is not known here: a store
+                // may grant more than the ttl asked; a new fence above every
+                // other is its mark.)
+                let revives = *fence > self.last_fence;
+                if revives {
+                    self.last_fence = *fence;
+                    if let Some(h) = self.holder.as_mut() {
+                        h.fence = Some(*fence);
+                    }
+                } else if !self.fence_is(Some(*fence)) {
                     return false;
                 }
                 if let Some(h) = self.holder.as_mut() {

@@ -505,14 +505,18 @@ fn holding(
                 if was_expired {
                     world.stats.bump("renewed_expired");
                 }
-                if fence != h.fence {
+                // A revived lease takes a new fence (SPEC §2.2): always
+                // when it had run out, and on a network store also when a
+                // reader may already call it stale; never an older one.
+                if (was_expired && fence <= h.fence) || fence < h.fence {
                     world.violation(format!(
-                        "renewed names fence {fence}, not ours {}: {}",
+                        "renewed names fence {fence}, ours was {} (was_expired: {was_expired}): {}",
                         h.fence,
                         ran.describe()
                     ));
                     return None;
                 }
+                let h = Held { fence, ..h };
                 log.token_ops.push(TokenOp {
                     t0: ran.t0,
                     ..op("renew")

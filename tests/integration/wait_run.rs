@@ -963,3 +963,81 @@ fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
     log.write_as(fence);
     log.assert_no_older_write_after(fence);
 }
+
+/// A `run` frozen whole (wrapper and keeper) past its lease keeps its lock
+/// (`held`, `expires_in: 0`: safe, SPEC §2.7), and once resumed treats the
+/// lease as lost: it stops CMD and never revives the lease (no renewal
+/// after the freeze, so no new fence CMD was never told).
+#[test]
+fn a_run_resumed_after_its_lease_ended_stops_cmd_and_never_revives_the_lease() {
+    let (_env, lock) = world();
+    let child = spawn(lock.op("run").ttl(2).command(["sleep", "60"]).cmd());
+    let held = until_held(&lock);
+    let fence = held.holder().fence;
+    let keeper = i32::try_from(held.holder().owner_pgid.expect("owner_pgid")).unwrap();
+    let wrapper = pid_of(&child);
+    signal(wrapper, libc::SIGSTOP);
+    signal(keeper, libc::SIGSTOP);
+    thread::sleep(Duration::from_millis(3500));
+    let s = lock.status();
+    assert_eq!(s.state(), "held", "frozen whole, it keeps its lock: {s:?}");
+    assert_eq!(s.expires_in(), Some(0), "{s:?}");
+    signal(keeper, libc::SIGCONT);
+    signal(wrapper, libc::SIGCONT);
+    let out = finish(child, Duration::from_secs(20));
+    let stderr = &out.stderr;
+    assert!(matches!(out.code, 143 | 137), "stopped as lost: {stderr}");
+    assert!(run_reply(&out).lost(), "{stderr}");
+    let history = lock.op("history").reply();
+    let Reply::History { events, .. } = &history else {
+        panic!("{history:?}")
+    };
+    assert!(
+        events.iter().all(|e| e.fence.is_none_or(|f| f == fence)),
+        "the lease was revived under a new fence: {history:?}"
+    );
+}
+
+/// `acquire --wait` with standard error on a terminal says who it waits
+/// for and until when (a pty from `script(1)`); with standard error not a
+/// terminal it says nothing there. Standard output is one JSON object
+/// either way.
+#[test]
+fn a_wait_at_a_terminal_says_who_it_waits_for_and_a_script_hears_nothing() {
+    if !common::have_programs(
+        "a_wait_at_a_terminal_says_who_it_waits_for",
+        &[("script", "--version")],
+    ) {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.git_repo("r");
+    let lock = Lock::new(&repo, SKILL, REPO);
+    lock.op("acquire")
+        .ttl(3)
+        .note("the holder")
+        .expect(0, "acquired");
+    let out = Command::new("script")
+        .args(["-qec"])
+        .arg(format!(
+            "'{BIN}' acquire {SKILL} --repo {REPO} --wait 30 --ttl 60"
+        ))
+        .arg("/dev/null")
+        .current_dir(&repo)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("Blocking waiting for the lock s on o/r held by")
+            && text.contains("note \"the holder\"")
+            && text.contains("giving up in"),
+        "{text}"
+    );
+    assert!(text.contains(r#""result":"acquired""#), "{text}");
+    // Not a terminal: nothing on stderr, one object on stdout.
+    let out = lock.op("acquire").wait(1).run();
+    assert_eq!(out.code, 3, "{}", out.stdout);
+    assert_eq!(out.stderr, "", "a script's stderr never changes");
+}

@@ -8,13 +8,21 @@
 //! substituted, the launcher replaced by the binary under test, and the
 //! lease scaled from 900 s to a few seconds; no hand-written copy. The glue
 //! around them is the block's prose: branch on the exit status, read again
-//! when `others_since` is true or `status` said `held`, renew before each
-//! post, release with the token. The skill posts to a fake forge on
-//! loopback that records every comment. The same orderings run once more
-//! with the sessions speaking MCP (the block's "MCP form", one `skill-lock
-//! mcp` per session, killed and frozen with it), mixed with shell runs.
+//! unless `status` said `free` and `others_since` is `false`, renew right
+//! before each post, release with the token. The skill posts to a fake
+//! forge on loopback that records every comment. The same orderings run
+//! once more with the sessions speaking MCP (the block's "MCP form", one
+//! `skill-lock mcp` per session, killed and frozen with it), mixed with
+//! shell runs.
 //!
-//! Covers: SPEC §1, §2.1, §2.4, §2.7, §2.9.
+//! Besides random campaigns, it plays the orderings that once doubled,
+//! each deterministic on the file and git stores (gates and pauses, not
+//! timing): a holder paused past its lease (`stale`) that revives and
+//! posts, on etcd in the early-stale second; `--wait` behind such a holder;
+//! `--since` forgotten; a renew that lost its token prefix; a script that
+//! exits 3 under the block's `run` line (`--conflict-exit-code`).
+//!
+//! Covers: SPEC §1, §2, §2.1, §2.2, §2.4, §2.7, §2.9, §8.
 
 use crate::common;
 
@@ -98,8 +106,13 @@ fn to_bash(name: &str, cmd: &str) -> String {
     bash
 }
 
-/// The skill: the block's steps and its prose, as a script. `REREAD=0`
-/// removes the one step that reads again after acquiring.
+/// The skill: the block's steps and its prose, as a script. `REREAD=1` is
+/// the block as written: read again unless step 1 said `free` and
+/// `others_since` is `false`; `REREAD=0` removes the re-read step; and
+/// `REREAD=old` is the rule the block had before (read again only when
+/// `others_since` is `true` or step 1 said `held`). `PAUSE_AT=N` makes the
+/// run wait before its Nth renew (touching `$PAUSE.at`) until `$PAUSE`
+/// exists: a run frozen there, deterministically.
 fn skill_script(steps: &Steps) -> String {
     format!(
         r#"set -u
@@ -110,6 +123,7 @@ renew_step() {{ {renew}; }}
 release_step() {{ {release}; }}
 out=$(status_step) || exit 2
 state=$(field state "$out"); FENCE=$(field fence "$out")
+echo "state $state"
 case $FENCE in ''|null) FENCE=0 ;; esac
 todo=$(curl -sf "$FORGE/todo") || exit 2
 if [ -n "${{GATE:-}}" ]; then touch "$GATE.read"; while [ ! -e "$GATE" ]; do sleep 0.02; done; fi
@@ -119,11 +133,21 @@ case $rc in 0) ;; 3) exit 3 ;; *) exit 2 ;; esac
 TOKEN=$(field token "$out")
 case $out in *'"took_over":{{'*) echo took_over ;; esac
 echo "acquired $(field fence "$out")"
-if [ "$REREAD" = 1 ] && {{ [ "$(field others_since "$out")" = true ] || [ "$state" = held ]; }}; then
+others=$(field others_since "$out")
+case $REREAD in
+  1) if [ "$state" != free ] || [ "$others" != false ]; then reread=1; else reread=0; fi ;;
+  old) if [ "$others" = true ] || [ "$state" = held ]; then reread=1; else reread=0; fi ;;
+  *) reread=0 ;;
+esac
+if [ "$reread" = 1 ]; then
   todo=$(curl -sf "$FORGE/todo") || {{ release_step >/dev/null; exit 2; }}
 fi
+k=0
 for n in $todo; do
-  renew_step >/dev/null || {{ release_step >/dev/null; exit 4; }}
+  k=$((k + 1))
+  if [ "$k" = "${{PAUSE_AT:-0}}" ]; then touch "$PAUSE.at"; while [ ! -e "$PAUSE" ]; do sleep 0.02; done; fi
+  rc=0; renew_step >/dev/null || rc=$?
+  case $rc in 0) ;; 4) release_step >/dev/null; exit 4 ;; *) release_step >/dev/null; exit 2 ;; esac
   curl -sf -X POST "$FORGE/comment/$n?run=$RUN" >/dev/null || {{ release_step >/dev/null; exit 2; }}
   sleep "$POST_GAP"
 done
@@ -137,10 +161,13 @@ exit 0
     )
 }
 
+/// The exit status the block's `run` line gives for "held, not run".
+const CONFLICT: i32 = 75;
+
 /// The `run` form: the script reads under the lock, then posts.
 fn run_form_script(steps: &Steps) -> String {
     format!(
-        "set -u\nrc=0; {run} 2>/dev/null || rc=$?\n[ $rc = 3 ] && exit 3\nexit $rc\n",
+        "set -u\nrc=0; {run} 2>/dev/null || rc=$?\nexit $rc\n",
         run = steps.run
     )
 }
@@ -151,6 +178,7 @@ for n in $todo; do
   curl -sf -X POST "$FORGE/comment/$n?run=$RUN" >/dev/null || exit 2
   sleep "$POST_GAP"
 done
+exit "${POSTER_EXIT:-0}"
 "#;
 
 /// One comment the forge recorded.
@@ -289,9 +317,12 @@ struct RunSpec<'a> {
     forge: &'a Forge,
     think: Duration,
     post_gap: Duration,
-    reread: bool,
+    /// `REREAD` (see [`skill_script`]).
+    reread: &'static str,
     wait: Option<u64>,
     gate: Option<PathBuf>,
+    /// Further environment, set last (it may replace `TTL`).
+    extra: Vec<(&'static str, String)>,
 }
 
 fn start_run(env: &TestEnv, repo: &Path, spec: &RunSpec) -> Child {
@@ -311,7 +342,7 @@ fn start_run(env: &TestEnv, repo: &Path, spec: &RunSpec) -> Child {
         .env("RUN", spec.id.to_string())
         .env("THINK", format!("{:.3}", spec.think.as_secs_f64()))
         .env("POST_GAP", format!("{:.3}", spec.post_gap.as_secs_f64()))
-        .env("REREAD", if spec.reread { "1" } else { "0" })
+        .env("REREAD", spec.reread)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
@@ -322,6 +353,9 @@ fn start_run(env: &TestEnv, repo: &Path, spec: &RunSpec) -> Child {
         cmd.env("GATE", g);
     }
     for (k, v) in &spec.store.vars {
+        cmd.env(k, v);
+    }
+    for (k, v) in &spec.extra {
         cmd.env(k, v);
     }
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
@@ -368,16 +402,419 @@ fn write_scripts(env: &TestEnv) -> (PathBuf, PathBuf) {
     (block, run_form)
 }
 
+/// The block as a skill author might have copied it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    /// Word for word.
+    AsWritten,
+    /// `--since <fence>` left out of step 2.
+    NoSince,
+    /// The `SKILL_LOCK_TOKEN=<token>` prefix left out of step 3's renew.
+    RenewWithoutToken,
+}
+
+/// Writes the block's script (and the poster) with `variant`'s mistake.
+fn variant_script(env: &TestEnv, variant: Variant) -> PathBuf {
+    let (block, _) = write_scripts(env);
+    let mut steps = steps();
+    match variant {
+        Variant::AsWritten => return block,
+        Variant::NoSince => {
+            assert!(
+                steps.acquire.contains(" --since \"$FENCE\""),
+                "{}",
+                steps.acquire
+            );
+            steps.acquire = steps.acquire.replace(" --since \"$FENCE\"", "");
+        }
+        Variant::RenewWithoutToken => {
+            assert!(
+                steps.renew.starts_with("SKILL_LOCK_TOKEN=\"$TOKEN\" "),
+                "{}",
+                steps.renew
+            );
+            steps.renew = steps.renew.replace("SKILL_LOCK_TOKEN=\"$TOKEN\" ", "");
+        }
+    }
+    let path = env.path(&format!("skill-{variant:?}.sh"));
+    std::fs::write(&path, skill_script(&steps)).unwrap();
+    path
+}
+
+/// Waits for `path` to exist (a run reached a gate).
+#[track_caller]
+fn until_exists(path: &Path) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for the forge to hold `n` posts by run `run`.
+#[track_caller]
+fn until_posted(forge: &Forge, run: u32, n: usize) {
+    let t = Instant::now();
+    while forge.posts().iter().filter(|p| p.run == run).count() < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "run {run} never posted {n}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One scripted ordering: its checkout, store, forge and scripts.
+struct Scene {
+    env: TestEnv,
+    repo: PathBuf,
+    store: Store,
+    forge: Forge,
+}
+
+impl Scene {
+    fn new(store: &Store) -> Self {
+        let env = TestEnv::new();
+        let repo = env.git_repo("repo");
+        write_scripts(&env);
+        Self {
+            env,
+            repo,
+            store: Store {
+                name: store.name,
+                vars: store.vars.clone(),
+                ttl: store.ttl,
+                _daemon: None,
+            },
+            forge: Forge::start(Duration::from_secs(3600)),
+        }
+    }
+
+    /// Starts run `id` of `script` with `reread`; `tweak` sets the rest.
+    fn start(
+        &self,
+        id: u32,
+        script: &Path,
+        reread: &'static str,
+        tweak: impl FnOnce(&mut RunSpec),
+    ) -> Child {
+        let mut spec = RunSpec {
+            id,
+            script,
+            store: &self.store,
+            forge: &self.forge,
+            think: Duration::ZERO,
+            post_gap: Duration::ZERO,
+            reread,
+            wait: None,
+            gate: None,
+            extra: Vec::new(),
+        };
+        tweak(&mut spec);
+        start_run(&self.env, &self.repo, &spec)
+    }
+
+    /// Past the end of a lease of this store, well past it (CI is loaded).
+    fn past_the_lease(&self) {
+        std::thread::sleep(Duration::from_millis(self.store.ttl * 1000 + 2000));
+    }
+
+    fn doubles(&self) -> usize {
+        doubles(&self.forge.posts(), &BTreeMap::new()).1
+    }
+
+    /// The lock's `state` as `status` says it now, in this scene's store.
+    fn state(&self) -> String {
+        let mut cmd = common::Cmd::new(&self.repo).args([
+            "status",
+            "issue-triage",
+            "--repo",
+            "apache/airflow",
+        ]);
+        for (k, v) in &self.store.vars {
+            cmd = cmd.env(k, v);
+        }
+        cmd.run().reply().state().to_owned()
+    }
+
+    /// Until a reader calls the paused holder's lease anything but `held`:
+    /// past its end (file, git: deterministic), or on etcd the moment a
+    /// reader first calls it `stale`, up to a second before its end (SPEC
+    /// §8), while its holder may still renew.
+    fn until_readers_call_it_stale(&self) {
+        if self.store.name != "etcd" {
+            self.past_the_lease();
+            return;
+        }
+        let t = Instant::now();
+        while self.state() == "held" {
+            assert!(t.elapsed() < Duration::from_secs(60), "never stale");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// How one scripted ordering went.
+struct Outcome {
+    /// Comments posted twice.
+    doubles: usize,
+    /// The ordering happened as scripted: B's step 1 said `stale` and A's
+    /// renew then revived the lease (A posted all three). Always on the
+    /// file and git stores; on etcd only when B read in the second before
+    /// the lease ended and A's renewal landed before it did.
+    happened: bool,
+}
+
+/// Run A posts one issue, then stops before its next renew (frozen) past
+/// its lease (on etcd: until a reader first calls it `stale`, the early
+/// window of SPEC §8): B's step 1 says `stale`, B reads the two issues left. A
+/// resumes: its renew revives the lease (`was_expired`, a new fence), it
+/// posts both and releases. Then B acquires. With `wait`, B's acquire
+/// comes while A is still posting, and waits for it.
+fn revived_after_stale(store: &Store, reread: &'static str, wait: bool) -> Outcome {
+    let scene = Scene::new(store);
+    let block = scene.env.path("skill.sh");
+    let pause = scene.env.path("pause-a");
+    let gate = scene.env.path("gate-b");
+    let mut a = scene.start(1, &block, reread, |s| {
+        s.extra = vec![
+            ("PAUSE_AT", "2".into()),
+            ("PAUSE", pause.display().to_string()),
+        ];
+        if wait {
+            s.post_gap = Duration::from_millis(1500);
+        }
+    });
+    until_exists(&scene.env.path("pause-a.at"));
+    scene.until_readers_call_it_stale();
+    let b = scene.start(2, &block, reread, |s| {
+        s.gate = Some(gate.clone());
+        s.wait = wait.then_some(60);
+    });
+    until_exists(&scene.env.path("gate-b.read"));
+    std::fs::write(&pause, "").unwrap();
+    let a_code = if wait && store.name != "etcd" {
+        // A revived its lease and is posting: B's acquire waits behind it.
+        until_posted(&scene.forge, 1, 2);
+        std::fs::write(&gate, "").unwrap();
+        a.wait().unwrap().code()
+    } else {
+        let code = a.wait().unwrap().code();
+        std::fs::write(&gate, "").unwrap();
+        code
+    };
+    let b = b.wait_with_output().unwrap();
+    assert_eq!(b.status.code(), Some(0), "B acquires after A");
+    let b_read_stale = String::from_utf8_lossy(&b.stdout).contains("state stale");
+    let a_posts = scene.forge.posts().iter().filter(|p| p.run == 1).count();
+    let happened = b_read_stale && a_code == Some(0) && a_posts == 3;
+    if store.name != "etcd" {
+        assert!(
+            happened,
+            "{}: B read {}, A exited {a_code:?} after {a_posts} posts",
+            store.name,
+            String::from_utf8_lossy(&b.stdout)
+        );
+    }
+    Outcome {
+        doubles: scene.doubles(),
+        happened,
+    }
+}
+
+/// Runs `revived_after_stale` until the ordering happened (at most 6
+/// times: on etcd it hangs on a second), asserting 0 doubles with the
+/// block on every try; the doubles of the last try, and whether the
+/// ordering happened at all.
+fn revived_tries(store: &Store, reread: &'static str, wait: bool) -> Outcome {
+    for _ in 0..6 {
+        let o = revived_after_stale(store, reread, wait);
+        if reread == "1" {
+            assert_eq!(o.doubles, 0, "{}: the block doubled a post", store.name);
+        }
+        if o.happened {
+            return o;
+        }
+    }
+    Outcome {
+        doubles: 0,
+        happened: false,
+    }
+}
+
+/// SPEC §2.2: a lease revived after a reader called it `stale` takes a new
+/// fence, and the block reads again unless `status` said `free`: the run
+/// that read while it was stale posts nothing twice. Without the re-read
+/// step it posts both issues again (today's main with the old rule did
+/// too: `others_since` was `false` and `status` had said `stale`).
+#[test]
+fn stale_then_revived_then_released_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let with = revived_tries(&store, "1", false);
+        let old = revived_tries(&store, "old", false);
+        let without = revived_tries(&store, "0", false);
+        println!(
+            "stale, revived, released on {}: {} doubles with the block, {} with the old \
+             re-read rule (a new fence makes others_since true), {} without re-reading \
+             (ordering happened: {}, {}, {})",
+            store.name,
+            with.doubles,
+            old.doubles,
+            without.doubles,
+            with.happened,
+            old.happened,
+            without.happened
+        );
+        assert_eq!(with.doubles, 0, "{}: the block doubled a post", store.name);
+        if old.happened {
+            assert_eq!(
+                old.doubles, 0,
+                "{}: the revival took no new fence",
+                store.name
+            );
+        }
+        if without.happened {
+            assert_eq!(without.doubles, 2, "{}: B did not post", store.name);
+        }
+    }
+}
+
+/// `--wait` behind a holder that revives its lease after B read the lock
+/// as `stale`: B waits for it, then reads again and posts nothing twice.
+#[test]
+fn waiting_behind_a_holder_that_revives_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let with = revived_tries(&store, "1", true);
+        let without = revived_tries(&store, "0", true);
+        println!(
+            "--wait behind a revived holder on {}: {} doubles with the block, {} without \
+             re-reading (ordering happened: {}, {})",
+            store.name, with.doubles, without.doubles, with.happened, without.happened
+        );
+        assert_eq!(with.doubles, 0, "{}: the block doubled a post", store.name);
+        if without.happened {
+            assert_eq!(without.doubles, 2, "{}: B did not post", store.name);
+        }
+    }
+}
+
+/// `--since` forgotten: `others_since` is `null`, which the block reads as
+/// "unknown: read again". The old rule (read again only when it is `true`
+/// or `status` said `held`) posts all three again.
+#[test]
+fn since_forgotten_reads_again_and_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let with = scripted_interleaving(&store, "1", Variant::NoSince);
+        let old = scripted_interleaving(&store, "old", Variant::NoSince);
+        println!(
+            "--since forgotten on {}: {with} doubles with the block, {old} with the old rule",
+            store.name
+        );
+        assert_eq!(with, 0, "{}: the block doubled a post", store.name);
+        assert_eq!(old, 3, "{}: the ordering did not happen", store.name);
+    }
+}
+
+/// A run whose renew lost its `SKILL_LOCK_TOKEN=` prefix acquires, freezes
+/// past its lease, and another run takes the lock over and posts. Resumed,
+/// its tokenless renew is refused (exit 2, SPEC §2.2): it posts nothing
+/// under the other run's lease (it used to renew it, exit 0, and post).
+#[test]
+fn a_renew_without_the_token_is_refused_and_never_doubles() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let scene = Scene::new(&store);
+        let careless = variant_script(&scene.env, Variant::RenewWithoutToken);
+        let block = scene.env.path("skill.sh");
+        let pause = scene.env.path("pause-b");
+        let mut b = scene.start(2, &careless, "1", |s| {
+            s.extra = vec![
+                ("PAUSE_AT", "1".into()),
+                ("PAUSE", pause.display().to_string()),
+            ];
+        });
+        until_exists(&scene.env.path("pause-b.at"));
+        scene.past_the_lease();
+        let mut a = scene.start(1, &block, "1", |s| {
+            s.post_gap = Duration::from_millis(700);
+        });
+        until_posted(&scene.forge, 1, 1);
+        std::fs::write(&pause, "").unwrap();
+        assert_eq!(b.wait().unwrap().code(), Some(2), "{}: refused", store.name);
+        assert_eq!(a.wait().unwrap().code(), Some(0), "{}", store.name);
+        let posts = scene.forge.posts();
+        assert!(
+            posts.iter().all(|p| p.run == 1),
+            "{}: the tokenless run posted",
+            store.name
+        );
+        assert_eq!(scene.doubles(), 0, "{}", store.name);
+    }
+}
+
+/// The `run` line of the block: a script that exits 3 itself is told from
+/// "held, not run" (`--conflict-exit-code`), so a skill that retries only
+/// when the lock was held never runs a finished script again.
+#[test]
+fn a_script_exiting_3_under_run_is_told_from_held() {
+    let env = TestEnv::new();
+    for store in stores(&env) {
+        let scene = Scene::new(&store);
+        let run_form = scene.env.path("skill-run.sh");
+        let block = scene.env.path("skill.sh");
+        // Held by a run of the block (a long lease): not run, exit 75.
+        let pause = scene.env.path("pause-a");
+        let mut a = scene.start(1, &block, "1", |s| {
+            s.extra = vec![
+                ("PAUSE_AT", "1".into()),
+                ("PAUSE", pause.display().to_string()),
+                ("TTL", "120".into()),
+            ];
+        });
+        until_exists(&scene.env.path("pause-a.at"));
+        let held = scene.start(2, &run_form, "1", |_| {});
+        let code = held.wait_with_output().unwrap().status.code();
+        assert_eq!(code, Some(CONFLICT), "{}: held, not run", store.name);
+        std::fs::write(&pause, "").unwrap();
+        assert_eq!(a.wait().unwrap().code(), Some(0), "{}", store.name);
+        // A script that exits 3 itself: its own status, not "held".
+        let mut r = scene.start(3, &run_form, "1", |s| {
+            s.extra = vec![("POSTER_EXIT", "3".into())];
+        });
+        let code = r.wait().unwrap().code();
+        assert_eq!(code, Some(3), "{}: the script's own status", store.name);
+        assert_eq!(
+            scene.forge.posts().iter().filter(|p| p.run == 1).count(),
+            3,
+            "{}",
+            store.name
+        );
+        assert_eq!(scene.doubles(), 0, "{}", store.name);
+    }
+}
+
 /// A reads, B reads, A acquires, posts and releases, then B acquires: B
 /// must read again (its `others_since` is true) and post nothing. Without
 /// the re-read step, B posts everything A posted.
-fn scripted_interleaving(store: &Store, reread: bool) -> usize {
-    scripted_interleaving_in(store, reread, false).unwrap_or(0)
+fn scripted_interleaving(store: &Store, reread: &'static str, variant: Variant) -> usize {
+    scripted_interleaving_in(store, reread, Some(variant)).unwrap_or(0)
 }
 
-/// [`scripted_interleaving`], the runs in the shell form or (`mcp`) in the
-/// MCP form; `None` when the MCP client is missing (SKIPPED).
-fn scripted_interleaving_in(store: &Store, reread: bool, mcp: bool) -> Option<usize> {
+/// [`scripted_interleaving`], the runs in the shell form with `variant`'s
+/// mistake, or (`None`) in the MCP form; `None` when the MCP client is
+/// missing (SKIPPED).
+fn scripted_interleaving_in(
+    store: &Store,
+    reread: &'static str,
+    variant: Option<Variant>,
+) -> Option<usize> {
     let env = TestEnv::new();
     let repo = env.git_repo("repo");
     let store = Store {
@@ -386,8 +823,10 @@ fn scripted_interleaving_in(store: &Store, reread: bool, mcp: bool) -> Option<us
         ttl: store.ttl,
         _daemon: None,
     };
-    let (block, _) = write_scripts(&env);
-    let script = if mcp { write_mcp_script(&env)? } else { block };
+    let script = match variant {
+        Some(variant) => variant_script(&env, variant),
+        None => write_mcp_script(&env)?,
+    };
     let forge = Forge::start(Duration::from_secs(3600));
     let spec = |id, gate: &str| RunSpec {
         id,
@@ -399,6 +838,7 @@ fn scripted_interleaving_in(store: &Store, reread: bool, mcp: bool) -> Option<us
         reread,
         wait: None,
         gate: Some(env.path(gate)),
+        extra: Vec::new(),
     };
     let mut a = start_run(&env, &repo, &spec(1, "gate-a"));
     let mut b = start_run(&env, &repo, &spec(2, "gate-b"));
@@ -427,8 +867,8 @@ fn scripted_interleaving_in(store: &Store, reread: bool, mcp: bool) -> Option<us
 fn a_run_that_read_before_another_posted_reads_again_and_posts_nothing() {
     let env = TestEnv::new();
     for store in stores(&env) {
-        let with = scripted_interleaving(&store, true);
-        let without = scripted_interleaving(&store, false);
+        let with = scripted_interleaving(&store, "1", Variant::AsWritten);
+        let without = scripted_interleaving(&store, "0", Variant::AsWritten);
         println!(
             "scripted interleaving on {}: {with} doubles with the block's re-read step, {without} without it",
             store.name
@@ -494,9 +934,10 @@ fn campaign_in(env: &TestEnv, store: &Store, runs: u32, mcp: Option<&Path>) {
                 forge: &forge,
                 think: Duration::from_millis(rng.below(400)),
                 post_gap: Duration::from_millis(100 + rng.below(300)),
-                reread: true,
+                reread: "1",
                 wait: (15..30).contains(&form).then_some(4),
                 gate: None,
+                extra: Vec::new(),
             };
             (Duration::from_millis(rng.below(8000)), fault, spec)
         })
@@ -627,10 +1068,10 @@ fn signal_server(env: &TestEnv, id: u32, sig: i32) {
 fn mcp_a_session_that_read_before_another_posted_reads_again_and_posts_nothing() {
     let env = TestEnv::new();
     let file = stores(&env).remove(0);
-    let Some(with) = scripted_interleaving_in(&file, true, true) else {
+    let Some(with) = scripted_interleaving_in(&file, "1", None) else {
         return;
     };
-    let without = scripted_interleaving_in(&file, false, true).unwrap_or(0);
+    let without = scripted_interleaving_in(&file, "0", None).unwrap_or(0);
     println!(
         "scripted interleaving, MCP form, file store: {with} doubles with the read-again rule, \
          {without} without it"

@@ -116,6 +116,9 @@ pub(super) enum Landing<K, W> {
         prior: Option<u64>,
         /// Written on the short lease: the ttl it asked for.
         extend: Option<u64>,
+        /// A revival (SPEC §2.2): the fence of the lease it replaces, which
+        /// has the same token.
+        revives: Option<u64>,
         then: W,
     },
     /// A renewal, recognised by its exact bytes.
@@ -144,10 +147,14 @@ impl<K, W> Pending<K, W> {
     /// Does `seen` show that the transaction took effect?
     fn landed(&self, seen: &KeyState) -> bool {
         match &self.landing {
-            Landing::Acquisition { record, .. } => seen
-                .current
-                .record()
-                .is_some_and(|now| now.token_sha256 == record.token_sha256),
+            // A revival's token is the lease's it revived: landed once
+            // the record has another fence (it is stored with none, which
+            // a read takes for the key's revision).
+            Landing::Acquisition {
+                record, revives, ..
+            } => seen.current.record().is_some_and(|now| {
+                now.token_sha256 == record.token_sha256 && Some(now.holder.fence) != *revives
+            }),
             Landing::Rewrite { bytes, .. } => *bytes == seen.value,
             Landing::Delete {
                 seen_create_revision,
@@ -167,6 +174,7 @@ impl<K, W> Pending<K, W> {
                 prior,
                 extend,
                 then,
+                ..
             } => {
                 let fence = u64::try_from(revision).unwrap_or(0);
                 let extension = extend.map(|ttl| Extension {
@@ -379,6 +387,7 @@ async fn acquisition<K, W>(
         record,
         prior: prior_fence(marker.seen_mod, seen),
         extend: leased.extend,
+        revives: acq.revives(),
         then: acq.then,
     };
     Ok((
@@ -611,11 +620,25 @@ mod tests {
             record: crate::record::tests::sample_new(None),
             prior: None,
             extend: None,
+            revives: None,
             then: (),
         });
         assert!(acq.landed(&seen(held(&ours), 3, Vec::new())));
         assert!(!acq.landed(&seen(held(&theirs), 3, Vec::new())));
         assert!(!acq.landed(&seen(Current::Free, 0, Vec::new())));
+        // A revival has the token of the lease it replaces: only another
+        // fence shows that it landed.
+        let revival = pending(Landing::Acquisition {
+            record: crate::record::tests::sample_new(None),
+            prior: None,
+            extend: None,
+            revives: Some(ours.holder.fence),
+            then: (),
+        });
+        assert!(!revival.landed(&seen(held(&ours), 3, Vec::new())));
+        let mut revived = ours.clone();
+        revived.holder.fence += 1;
+        assert!(revival.landed(&seen(held(&revived), 3, Vec::new())));
         let bytes = ours.to_bytes().unwrap();
         let rw = pending(Landing::Rewrite {
             record: ours.clone(),
