@@ -42,9 +42,11 @@
 //! commit is not in the cache yet. A change reads with one `git fetch
 //! --porcelain`, which both names the ref's commit and brings it. A change
 //! on a lock this host wrote or read last is first decided on that state and
-//! pushed with it as the lease, saving the read: so a renew or release is
-//! one git process, the push; a wrong guess is rejected by the server, and a
-//! guess that changes nothing is never trusted. `list` reads every lock in
+//! pushed with it as the lease, saving the read, and so is one on a lock this
+//! host never saw, believed absent (leased on the empty value): so an
+//! acquire, renew or release is one git process, the push; a wrong guess is
+//! rejected by the server, and a guess that changes nothing is never trusted
+//! (docs/design.md, "Deciding without a read"). `list` reads every lock in
 //! a bounded number of git processes, whatever their number: one
 //! `ls-remote`, the state files the last `list` read from its memo, and the
 //! others in one fetch and one `cat-file` pair.
@@ -207,6 +209,16 @@ impl Store for GitStore {
             .filter(|f| *f > 0))
     }
 
+    /// One read: the ref names one commit, whose state file holds both the
+    /// state and the lock's last fence (a release keeps it), so the fence
+    /// belongs to exactly the state returned (one `ls-remote` when this
+    /// host has that commit's state, SPEC §2.4).
+    fn read_with_fence(&self, key: &LockKey) -> Result<(Current, Option<u64>)> {
+        let deadline = Instant::now() + self.remote.config.timeout;
+        let seen = chain::read_seen(&self.remote, key, deadline)?;
+        Ok((seen.current, seen.fence.filter(|f| *f > 0)))
+    }
+
     fn update<K, W>(
         &self,
         key: &LockKey,
@@ -219,11 +231,18 @@ impl Store for GitStore {
         let r = self.remote.lock_ref(key);
         let mut pending: Vec<Pending<K, W>> = Vec::new();
         let mut unknown_why = None;
-        // The ref as this host last wrote it: deciding on it and pushing with
-        // it as the lease saves the read when nobody changed the lock since
-        // (renew, release). A decision to change nothing is not trusted on
-        // this view: it is made again on a fresh read.
-        if let Some(seen) = self.remembered(&r) {
+        // The ref as this host last wrote or read it, or absent when this
+        // host never saw it: deciding on it and pushing with it as the lease
+        // (the server's compare-and-swap) saves the read when nobody changed
+        // the lock since (acquire, renew, release). A push that lands proves
+        // the ref was exactly that state, so everything decided on it (the
+        // fence, `prior_fence`, a takeover and its events) is what a read
+        // would have given. A decision to change nothing is not trusted on
+        // this view: it is made again on a fresh read; so is a lost race.
+        let guess = self
+            .remembered(&r)
+            .or_else(|| memo::never_seen(&self.remote, &r).then(RefState::absent));
+        if let Some(seen) = guess {
             match self.attempt(key, &r, &seen, decide, push_deadline, true)? {
                 Step::Done(c) => return Ok(c),
                 Step::Again => {}
