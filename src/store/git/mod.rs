@@ -88,6 +88,7 @@ mod loose;
 mod memo;
 mod objects;
 mod remote;
+mod walk;
 
 use chain::{CommitKind, RefState, STATE_FORMAT, StateFile, message};
 pub use config::{
@@ -413,30 +414,44 @@ impl Store for GitStore {
             .map(|(r, o)| (r.clone(), o.clone()))
             .collect();
         self.plans_fetched(&wanted, &patterns, deadline)?;
+        // Oldest chain first: by the epoch in each archived tip's state,
+        // read for every lock at once.
+        let archived_all: Vec<String> = chains
+            .values()
+            .flat_map(|(a, _)| a.iter().cloned())
+            .collect();
+        let mut epochs: HashMap<String, u64> = HashMap::new();
+        objects::read_found(&self.remote, &archived_all, &mut |i, found| {
+            let e = match found {
+                objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
+                    .ok()
+                    .map_or(0, |s| s.epoch),
+                _ => 0,
+            };
+            epochs.insert(archived_all[i].clone(), e);
+            Ok(())
+        })?;
+        // Each lock's chains, the live one first, then the archived ones
+        // newest first; all walked in one git process.
+        let heads: Vec<Vec<String>> = chains
+            .into_values()
+            .map(|(mut archived, tip)| {
+                archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
+                tip.into_iter().chain(archived.into_iter().rev()).collect()
+            })
+            .collect();
+        let mut walks: Vec<walk::Walk> = heads
+            .iter()
+            .map(|h| walk::Walk::new(h.clone(), limit))
+            .collect();
+        walk::walk_all(&self.remote, &mut walks)?;
         let mut all = Vec::new();
-        for (_, (mut archived, tip)) in chains {
-            // Oldest chain first: by the epoch in each archived tip's state.
-            let mut epochs: HashMap<String, u64> = HashMap::new();
-            objects::read_found(&self.remote, &archived, &mut |i, found| {
-                let e = match found {
-                    objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
-                        .ok()
-                        .map_or(0, |s| s.epoch),
-                    _ => 0,
-                };
-                epochs.insert(archived[i].clone(), e);
-                Ok(())
-            })?;
-            archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
-            let mut events = Vec::new();
-            for oid in tip.iter().chain(archived.iter().rev()) {
-                if events.len() >= limit {
-                    break;
-                }
-                let mut older = self.events_of(oid, limit - events.len())?;
-                older.append(&mut events);
-                events = older;
-            }
+        for (w, heads) in walks.into_iter().zip(&heads) {
+            let mut events = match w.into_events() {
+                Some(events) => events,
+                // A chain with a merge (not made by this tool): `git log`.
+                None => self.events_by_log(heads, limit)?,
+            };
             all.append(&mut events);
         }
         // Locks interleave by time; each lock's own order is kept.
@@ -712,6 +727,22 @@ impl GitStore {
         )))
     }
 
+    /// The newest `limit` events of one lock's chains (`heads`: the live
+    /// one first, then the archived ones newest first), oldest first, one
+    /// `git log` a chain.
+    fn events_by_log(&self, heads: &[String], limit: usize) -> Result<Vec<Event>> {
+        let mut events = Vec::new();
+        for oid in heads {
+            if events.len() >= limit {
+                break;
+            }
+            let mut older = self.events_of(oid, limit - events.len())?;
+            older.append(&mut events);
+            events = older;
+        }
+        Ok(events)
+    }
+
     /// The newest `limit` events in the chain ending at `tip`, oldest first.
     fn events_of(&self, tip: &str, limit: usize) -> Result<Vec<Event>> {
         if limit == 0 {
@@ -731,7 +762,7 @@ impl GitStore {
         let max = usize::try_from(objects::MAX_OBJECT).unwrap_or(usize::MAX);
         let mut end_commit = |cur: &mut Vec<u8>, skip: &mut bool| {
             if !*skip && !cur.is_empty() {
-                commits.push(events_in(cur));
+                commits.push(walk::events_in(cur));
             }
             cur.clear();
             *skip = false;
@@ -766,13 +797,4 @@ impl GitStore {
         let skip = events.len().saturating_sub(limit);
         Ok(events.split_off(skip))
     }
-}
-
-/// The history events a commit message holds (one JSON object a line).
-fn events_in(message: &[u8]) -> Vec<Event> {
-    String::from_utf8_lossy(message)
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .filter_map(|l| serde_json::from_str::<Event>(l).ok())
-        .collect()
 }
