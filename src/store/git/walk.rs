@@ -19,7 +19,10 @@ use crate::history::Event;
 /// header. A larger commit's header (its parents come first) is read from
 /// what is kept; its message is skipped unread, as one larger than any
 /// change writes.
-const KEPT: usize = (MAX_OBJECT as usize) + (64 << 10);
+const KEPT: usize = (1 << 20) + (64 << 10);
+
+// KEPT's first term is MAX_OBJECT (which is a u64).
+const _: () = assert!(MAX_OBJECT == 1 << 20);
 
 /// One lock's walk.
 pub(super) struct Walk {
