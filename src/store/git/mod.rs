@@ -49,7 +49,8 @@
 //! (docs/design.md, "Deciding without a read"). `list` reads every lock in
 //! a bounded number of git processes, whatever their number: one
 //! `ls-remote`, the state files the last `list` read from its memo, and the
-//! others in one fetch and one `cat-file` pair.
+//! others in one fetch and one `cat-file` pair. `history` reads every lock's
+//! chains in one `cat-file --batch` that walks them all (see `walk.rs`).
 //!
 //! Expiry is judged by this host's wall clock (a record from this boot of
 //! this host: by its boot-time clock, as in the file store): a record judged
@@ -64,7 +65,8 @@
 //! this one holds [`GitStore`] and its [`Store`] methods (the attempt loop,
 //! `list`, `history`); below it `loose` (writing a commit's objects),
 //! `chain` (the state file, reading a ref into what the engine is shown,
-//! the commit message), `memo` (what this host remembers of the remote),
+//! the commit message), `walk` (the history of many chains in one git
+//! process), `memo` (what this host remembers of the remote),
 //! `objects` (reading lock states out of the cache, bounded), `remote` (the
 //! `Remote`: the cache repository, `ls-remote`, `fetch` and the
 //! compare-and-swap `push`), `config` (the URL, its checks and the store's
