@@ -292,6 +292,32 @@ pub(super) fn events_in(message: &[u8]) -> Vec<Event> {
 mod tests {
     use super::*;
 
+    /// Object id number `n`.
+    fn oid(n: usize) -> String {
+        format!("{n:040x}")
+    }
+
+    #[test]
+    fn a_walk_reads_at_most_limit_commits_a_chain_and_the_chains_newest_first() {
+        // Commits without events: every chain is read up to `limit` commits.
+        let mut w = Walk::new(vec![oid(1), oid(10)], 3);
+        assert_eq!(w.next_chain(), Some(oid(1)));
+        // The live chain: 1 <- 2 <- 3 <- 4; three commits read, then the archive.
+        assert_eq!(w.take(&[oid(2)], Vec::new()), Some(oid(2)));
+        assert_eq!(w.take(&[oid(3)], Vec::new()), Some(oid(3)));
+        assert_eq!(w.take(&[oid(4)], Vec::new()), Some(oid(10)));
+        // The archived chain ends at its root (no parent): the walk is done.
+        assert_eq!(w.take(&[], Vec::new()), None);
+        assert_eq!(w.into_events().map(|e| e.len()), Some(0));
+        // A merge: the lock is left to `git log`.
+        let mut w = Walk::new(vec![oid(1)], 3);
+        assert_eq!(w.next_chain(), Some(oid(1)));
+        assert_eq!(w.take(&[oid(2), oid(3)], Vec::new()), None);
+        assert!(w.into_events().is_none());
+        // A limit of 0 reads nothing.
+        assert_eq!(Walk::new(vec![oid(1)], 0).next_chain(), None);
+    }
+
     #[test]
     fn a_commit_says_its_parents_and_events() {
         let p = "a".repeat(40);
