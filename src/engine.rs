@@ -578,23 +578,19 @@ pub fn state<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<State>
 /// Reads the state of a lock and the fence of its latest acquisition,
 /// without changing anything (SPEC §2.4).
 ///
-/// A record carries its own fence. A lock with none (free, or unreadable)
-/// asks the store for the latest fence, then reads the lock again and
-/// reports that second state: the fence was read first, so it never names
-/// an acquisition that the state reported does not show (one that was
-/// taken between the two reads is seen held, or is released already). A
-/// `--since` built on it is therefore never answered `false` while an
-/// acquisition that `status` called free was writing.
+/// A record carries its own fence. For a lock with none (free, or
+/// unreadable) the store says the latest fence ([`Store::read_with_fence`]:
+/// by default it asks for the latest fence, then reads the lock again and
+/// reports that second state; git reads both in one atomic value): the
+/// fence never names an acquisition that the state reported does not show
+/// (one that was taken between the two reads is seen held, or is released
+/// already). A `--since` built on it is therefore never answered `false`
+/// while an acquisition that `status` called free was writing.
 ///
 /// # Errors
 /// Store I/O failure.
 pub fn status<S: Store>(store: &S, key: &LockKey, ctx: &Context) -> Result<Status> {
-    let mut current = store.read(key)?;
-    let mut latest = None;
-    if current.record().is_none() {
-        latest = store.last_fence(key)?;
-        current = store.read(key)?;
-    }
+    let (mut current, latest) = store.read_with_fence(key)?;
     // The clock is read after the store answered: time spent connecting
     // (a network store's failover) is never counted as lease left.
     let mut state = judge(&current, &ctx.at_decision().now);

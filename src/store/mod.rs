@@ -87,6 +87,28 @@ pub trait Store {
     /// I/O or network failure.
     fn last_fence(&self, key: &LockKey) -> Result<Option<u64>>;
 
+    /// The lock as [`Store::read`] sees it and, when it holds no record,
+    /// the fence of its latest acquisition (SPEC §2.4's `status`).
+    ///
+    /// # Exactness
+    /// The fence names no acquisition that the state returned does not
+    /// show (held, or already replaced or released). The default reads,
+    /// asks [`Store::last_fence`], and reads again, returning the second
+    /// state: the fence was read before it. A store whose one read shows
+    /// the state and its fence as one atomic value (git: the ref's commit)
+    /// answers from that read alone.
+    ///
+    /// # Errors
+    /// I/O or network failure.
+    fn read_with_fence(&self, key: &LockKey) -> Result<(Current, Option<u64>)> {
+        let current = self.read(key)?;
+        if current.record().is_some() {
+            return Ok((current, None));
+        }
+        let latest = self.last_fence(key)?;
+        Ok((self.read(key)?, latest))
+    }
+
     /// Runs `decide` on the current state and applies its decision,
     /// atomically with respect to every other `update` of the same lock:
     /// writes the record (assigning a new one its fence) or removes it,
@@ -161,6 +183,10 @@ impl Store for AnyStore {
 
     fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
         each_store!(self, s => s.last_fence(key))
+    }
+
+    fn read_with_fence(&self, key: &LockKey) -> Result<(Current, Option<u64>)> {
+        each_store!(self, s => s.read_with_fence(key))
     }
 
     fn update<K, W>(

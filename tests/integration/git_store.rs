@@ -476,6 +476,39 @@ fn what_this_host_last_wrote_never_decides_once_another_host_changed_the_lock() 
     assert!(one.acquire().is("acquired").fence() > theirs.fence());
 }
 
+/// A host that never saw a lock believes it absent and pushes leased on the
+/// empty value, with no read (issue 38). Right, it takes a lock never taken
+/// (fence 1); wrong, the server rejects the push and nothing changes, and
+/// what it answers after reading is what a read would have decided: the
+/// refusal, the next fence, `others_since` from the fence it replaced.
+#[test]
+fn a_lock_never_seen_here_is_believed_absent_and_a_wrong_belief_changes_nothing() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Store::git(&env, None);
+    let host = |n: usize| remote.lock_as(n, &cwd, "s", "o/r");
+    let first = host(1).acquire_since(None, &[]).is("acquired");
+    assert_eq!(first.fence(), Some(1));
+    assert_eq!(first.others_since(), Some(false));
+    // Held by another host: refused, and its holder still holds it.
+    host(2).acquire().is("already_running");
+    host(1).check(first.token()).is("held");
+    host(1).release(first.token()).is("released");
+    // Free, but taken once: the next fence, and nobody since fence 1 ...
+    let third = host(3).acquire_since(Some(1), &[]).is("acquired");
+    assert_eq!(third.fence(), Some(2));
+    assert_eq!(third.others_since(), Some(false));
+    host(3).release(third.token()).is("released");
+    // ... while a run that saw no fence learns that someone was there.
+    let fourth = host(4).acquire_since(None, &[]).is("acquired");
+    assert_eq!(fourth.fence(), Some(3));
+    assert_eq!(fourth.others_since(), Some(true));
+    host(2).acquire().is("already_running");
+    host(4).release(fourth.token()).is("released");
+    // The host whose belief was wrong now decides on what it read.
+    assert_eq!(host(2).acquire().is("acquired").fence(), Some(4));
+}
+
 #[test]
 fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     let env = TestEnv::new();

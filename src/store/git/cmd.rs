@@ -145,6 +145,28 @@ pub(super) fn run_streaming(
     deadline: Instant,
     sink: &mut dyn FnMut(&[u8]) -> Flow,
 ) -> std::io::Result<Option<Output>> {
+    run_feeding(cmd, input.map(Feed::Bytes), deadline, sink)
+}
+
+/// What a git process is fed on its stdin.
+pub(super) enum Feed<'a> {
+    /// These bytes, then the end.
+    Bytes(&'a [u8]),
+    /// Whatever arrives on this channel, in order, as it arrives (a
+    /// conversation: `cat-file --batch` asked for the next object once the
+    /// last one is read); the end once every sender is gone.
+    Channel(mpsc::Receiver<Vec<u8>>),
+}
+
+/// Runs `cmd` as [`run_streaming`] does, its stdin fed from `input`. The
+/// stdin is written by a thread of its own, so a `sink` that sends more
+/// on a [`Feed::Channel`] never waits for git, nor git for it.
+pub(super) fn run_feeding(
+    cmd: &mut Command,
+    input: Option<Feed<'_>>,
+    deadline: Instant,
+    sink: &mut dyn FnMut(&[u8]) -> Flow,
+) -> std::io::Result<Option<Output>> {
     Group::prepare(cmd);
     cmd.stdin(if input.is_some() {
         Stdio::piped()
@@ -158,11 +180,23 @@ pub(super) fn run_streaming(
     // is killed at the deadline.
     let group = Group::of(&child)?;
     let kill = || group.kill();
-    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
-        let bytes = bytes.to_vec();
-        std::thread::spawn(move || {
-            let _ = stdin.write_all(&bytes);
-        });
+    match (input, child.stdin.take()) {
+        (Some(Feed::Bytes(bytes)), Some(mut stdin)) => {
+            let bytes = bytes.to_vec();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&bytes);
+            });
+        }
+        (Some(Feed::Channel(rx)), Some(mut stdin)) => {
+            std::thread::spawn(move || {
+                for bytes in rx {
+                    if stdin.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        _ => {}
     }
     // A few pieces in flight at most: git waits while the reader is busy.
     let (tx, rx) = mpsc::sync_channel(4);

@@ -78,6 +78,36 @@ pub(super) fn remember(remote: &Remote, r: &str, tip: Option<(&str, &[u8])>) {
     write_whole(&file, &bytes);
 }
 
+/// Has this host never seen lock ref `r`: no note of it (written, read or
+/// forgotten after a lost race) and no copy of it fetched into the cache?
+/// Then the lock is most likely absent on the remote (a lock is a ref only
+/// once someone took it), and a change guesses so, leased on the empty
+/// value: a wrong guess is rejected by the server and costs one connection.
+/// Any doubt (a ref store other than loose files, a `packed-refs` too large
+/// to read here) answers `false`, which costs only the read it would have
+/// saved.
+pub(super) fn never_seen(remote: &Remote, r: &str) -> bool {
+    let cache = &remote.config.cache;
+    if std::fs::symlink_metadata(tip_file(remote, r)).is_ok()
+        || std::fs::symlink_metadata(cache.join("reftable")).is_ok()
+    {
+        return false;
+    }
+    let local = remote.cache_ref(r);
+    if std::fs::symlink_metadata(cache.join(&local)).is_ok() {
+        return false;
+    }
+    let packed = cache.join("packed-refs");
+    if std::fs::symlink_metadata(&packed).is_err() {
+        return true;
+    }
+    let Some(bytes) = read_bounded(&packed, 4 << 20) else {
+        return false;
+    };
+    let needle = format!(" {local}\n");
+    !bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
 fn list_memo_file(remote: &Remote, prefix: &str) -> PathBuf {
     let h = crate::record::hash_token(&format!("{}\n{prefix}", remote.config.remote));
     remote

@@ -42,12 +42,15 @@
 //! commit is not in the cache yet. A change reads with one `git fetch
 //! --porcelain`, which both names the ref's commit and brings it. A change
 //! on a lock this host wrote or read last is first decided on that state and
-//! pushed with it as the lease, saving the read: so a renew or release is
-//! one git process, the push; a wrong guess is rejected by the server, and a
-//! guess that changes nothing is never trusted. `list` reads every lock in
+//! pushed with it as the lease, saving the read, and so is one on a lock this
+//! host never saw, believed absent (leased on the empty value): so an
+//! acquire, renew or release is one git process, the push; a wrong guess is
+//! rejected by the server, and a guess that changes nothing is never trusted
+//! (docs/design.md, "Deciding without a read"). `list` reads every lock in
 //! a bounded number of git processes, whatever their number: one
 //! `ls-remote`, the state files the last `list` read from its memo, and the
-//! others in one fetch and one `cat-file` pair.
+//! others in one fetch and one `cat-file` pair. `history` reads every lock's
+//! chains in one `cat-file --batch` that walks them all (see `walk.rs`).
 //!
 //! Expiry is judged by this host's wall clock (a record from this boot of
 //! this host: by its boot-time clock, as in the file store): a record judged
@@ -62,7 +65,8 @@
 //! this one holds [`GitStore`] and its [`Store`] methods (the attempt loop,
 //! `list`, `history`); below it `loose` (writing a commit's objects),
 //! `chain` (the state file, reading a ref into what the engine is shown,
-//! the commit message), `memo` (what this host remembers of the remote),
+//! the commit message), `walk` (the history of many chains in one git
+//! process), `memo` (what this host remembers of the remote),
 //! `objects` (reading lock states out of the cache, bounded), `remote` (the
 //! `Remote`: the cache repository, `ls-remote`, `fetch` and the
 //! compare-and-swap `push`), `config` (the URL, its checks and the store's
@@ -86,6 +90,7 @@ mod loose;
 mod memo;
 mod objects;
 mod remote;
+mod walk;
 
 use chain::{CommitKind, RefState, STATE_FORMAT, StateFile, message};
 pub use config::{
@@ -207,6 +212,16 @@ impl Store for GitStore {
             .filter(|f| *f > 0))
     }
 
+    /// One read: the ref names one commit, whose state file holds both the
+    /// state and the lock's last fence (a release keeps it), so the fence
+    /// belongs to exactly the state returned (one `ls-remote` when this
+    /// host has that commit's state, SPEC §2.4).
+    fn read_with_fence(&self, key: &LockKey) -> Result<(Current, Option<u64>)> {
+        let deadline = Instant::now() + self.remote.config.timeout;
+        let seen = chain::read_seen(&self.remote, key, deadline)?;
+        Ok((seen.current, seen.fence.filter(|f| *f > 0)))
+    }
+
     fn update<K, W>(
         &self,
         key: &LockKey,
@@ -219,11 +234,18 @@ impl Store for GitStore {
         let r = self.remote.lock_ref(key);
         let mut pending: Vec<Pending<K, W>> = Vec::new();
         let mut unknown_why = None;
-        // The ref as this host last wrote it: deciding on it and pushing with
-        // it as the lease saves the read when nobody changed the lock since
-        // (renew, release). A decision to change nothing is not trusted on
-        // this view: it is made again on a fresh read.
-        if let Some(seen) = self.remembered(&r) {
+        // The ref as this host last wrote or read it, or absent when this
+        // host never saw it: deciding on it and pushing with it as the lease
+        // (the server's compare-and-swap) saves the read when nobody changed
+        // the lock since (acquire, renew, release). A push that lands proves
+        // the ref was exactly that state, so everything decided on it (the
+        // fence, `prior_fence`, a takeover and its events) is what a read
+        // would have given. A decision to change nothing is not trusted on
+        // this view: it is made again on a fresh read; so is a lost race.
+        let guess = self
+            .remembered(&r)
+            .or_else(|| memo::never_seen(&self.remote, &r).then(RefState::absent));
+        if let Some(seen) = guess {
             match self.attempt(key, &r, &seen, decide, push_deadline, true)? {
                 Step::Done(c) => return Ok(c),
                 Step::Again => {}
@@ -394,30 +416,44 @@ impl Store for GitStore {
             .map(|(r, o)| (r.clone(), o.clone()))
             .collect();
         self.plans_fetched(&wanted, &patterns, deadline)?;
+        // Oldest chain first: by the epoch in each archived tip's state,
+        // read for every lock at once.
+        let archived_all: Vec<String> = chains
+            .values()
+            .flat_map(|(a, _)| a.iter().cloned())
+            .collect();
+        let mut epochs: HashMap<String, u64> = HashMap::new();
+        objects::read_found(&self.remote, &archived_all, &mut |i, found| {
+            let e = match found {
+                objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
+                    .ok()
+                    .map_or(0, |s| s.epoch),
+                _ => 0,
+            };
+            epochs.insert(archived_all[i].clone(), e);
+            Ok(())
+        })?;
+        // Each lock's chains, the live one first, then the archived ones
+        // newest first; all walked in one git process.
+        let heads: Vec<Vec<String>> = chains
+            .into_values()
+            .map(|(mut archived, tip)| {
+                archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
+                tip.into_iter().chain(archived.into_iter().rev()).collect()
+            })
+            .collect();
+        let mut walks: Vec<walk::Walk> = heads
+            .iter()
+            .map(|h| walk::Walk::new(h.clone(), limit))
+            .collect();
+        walk::walk_all(&self.remote, &mut walks)?;
         let mut all = Vec::new();
-        for (_, (mut archived, tip)) in chains {
-            // Oldest chain first: by the epoch in each archived tip's state.
-            let mut epochs: HashMap<String, u64> = HashMap::new();
-            objects::read_found(&self.remote, &archived, &mut |i, found| {
-                let e = match found {
-                    objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
-                        .ok()
-                        .map_or(0, |s| s.epoch),
-                    _ => 0,
-                };
-                epochs.insert(archived[i].clone(), e);
-                Ok(())
-            })?;
-            archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
-            let mut events = Vec::new();
-            for oid in tip.iter().chain(archived.iter().rev()) {
-                if events.len() >= limit {
-                    break;
-                }
-                let mut older = self.events_of(oid, limit - events.len())?;
-                older.append(&mut events);
-                events = older;
-            }
+        for (w, heads) in walks.into_iter().zip(&heads) {
+            let mut events = match w.into_events() {
+                Some(events) => events,
+                // A chain with a merge (not made by this tool): `git log`.
+                None => self.events_by_log(heads, limit)?,
+            };
             all.append(&mut events);
         }
         // Locks interleave by time; each lock's own order is kept.
@@ -693,6 +729,22 @@ impl GitStore {
         )))
     }
 
+    /// The newest `limit` events of one lock's chains (`heads`: the live
+    /// one first, then the archived ones newest first), oldest first, one
+    /// `git log` a chain.
+    fn events_by_log(&self, heads: &[String], limit: usize) -> Result<Vec<Event>> {
+        let mut events = Vec::new();
+        for oid in heads {
+            if events.len() >= limit {
+                break;
+            }
+            let mut older = self.events_of(oid, limit - events.len())?;
+            older.append(&mut events);
+            events = older;
+        }
+        Ok(events)
+    }
+
     /// The newest `limit` events in the chain ending at `tip`, oldest first.
     fn events_of(&self, tip: &str, limit: usize) -> Result<Vec<Event>> {
         if limit == 0 {
@@ -712,7 +764,7 @@ impl GitStore {
         let max = usize::try_from(objects::MAX_OBJECT).unwrap_or(usize::MAX);
         let mut end_commit = |cur: &mut Vec<u8>, skip: &mut bool| {
             if !*skip && !cur.is_empty() {
-                commits.push(events_in(cur));
+                commits.push(walk::events_in(cur));
             }
             cur.clear();
             *skip = false;
@@ -747,13 +799,4 @@ impl GitStore {
         let skip = events.len().saturating_sub(limit);
         Ok(events.split_off(skip))
     }
-}
-
-/// The history events a commit message holds (one JSON object a line).
-fn events_in(message: &[u8]) -> Vec<Event> {
-    String::from_utf8_lossy(message)
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .filter_map(|l| serde_json::from_str::<Event>(l).ok())
-        .collect()
 }

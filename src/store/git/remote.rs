@@ -7,7 +7,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::cmd::{
-    Flow, Mode0700, Output, STDOUT_CAP, git_command, jitter, run, run_streaming, transient,
+    Feed, Flow, Mode0700, Output, STDOUT_CAP, git_command, jitter, run, run_feeding, run_streaming,
+    transient,
 };
 use super::config::{ARCHIVE_PREFIX, GitConfig, REF_PREFIX, REMOTE_NAME, is_local_path, redact};
 use crate::error::{Error, Result};
@@ -223,6 +224,20 @@ impl Remote {
         let mut cmd = self.in_cache()?;
         cmd.args(args);
         let out = run_streaming(&mut cmd, input, Instant::now() + LOCAL_TIMEOUT, sink);
+        self.local_done(args, out)
+    }
+
+    /// Runs a local git command in the cache, its stdin fed from `feed` as
+    /// it comes, its stdout handed to `sink`.
+    pub(super) fn local_feeding(
+        &self,
+        args: &[&str],
+        feed: Feed<'_>,
+        sink: &mut dyn FnMut(&[u8]) -> Flow,
+    ) -> Result<Output> {
+        let mut cmd = self.in_cache()?;
+        cmd.args(args);
+        let out = run_feeding(&mut cmd, Some(feed), Instant::now() + LOCAL_TIMEOUT, sink);
         self.local_done(args, out)
     }
 
