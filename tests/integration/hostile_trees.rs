@@ -64,6 +64,17 @@ fn have_svn(test: &str) -> bool {
     found
 }
 
+/// A world and the folder an svn working copy's content is made in, when
+/// svn is here (else SKIPPED, or a failure in CI).
+fn svn_world(test: &str) -> Option<(World, PathBuf)> {
+    if !have_svn(test) {
+        return None;
+    }
+    let w = World::new();
+    let content = w.env.dir("content");
+    Some((w, content))
+}
+
 /// An svn repository at `rel` whose trunk holds the folder `content` as it
 /// is (ignored names included), and a working copy of it at `wc`.
 fn svn_checkout(w: &World, rel: &str, content: &Path, wc: &str) -> (String, PathBuf) {
@@ -170,12 +181,10 @@ fn runs_nothing(w: &World, tree: &Path, cwds: &[PathBuf], marker: &Path, layers:
 /// repository: no command, with no flag or with `git:origin`, runs a hook.
 #[test]
 fn an_svn_checkout_that_commits_git_runs_nothing() {
-    if !have_svn("an_svn_checkout_that_commits_git_runs_nothing") {
+    let Some((w, content)) = svn_world("an_svn_checkout_that_commits_git_runs_nothing") else {
         return;
-    }
-    let w = World::new();
+    };
     let marker = w.path("pwned");
-    let content = w.env.dir("content");
     std::fs::create_dir_all(content.join("tools")).unwrap();
     bare_repo_with_hooks(&w, &content.join("tools/store.git"), &marker);
     write(
@@ -337,11 +346,9 @@ fn a_git_archive_carrying_svn_configuration_is_refused() {
 /// is in the working copy's `.svn/`.
 #[test]
 fn nothing_an_svn_checkout_commits_splits_the_lock() {
-    if !have_svn("nothing_an_svn_checkout_commits_splits_the_lock") {
+    let Some((w, content)) = svn_world("nothing_an_svn_checkout_commits_splits_the_lock") else {
         return;
-    }
-    let w = World::new();
-    let content = w.env.dir("content");
+    };
     fake_git_dir(&content.join("a/.git"), "[core]\n\tbare = false\n");
     fake_git_dir(&content.join("a/b/.git"), "[core]\n\tbare = false\n");
     fake_git_dir(&content.join("sub"), "[core]\n\tbare = false\n");
@@ -382,11 +389,11 @@ fn nothing_an_svn_checkout_commits_splits_the_lock() {
 /// lets a second run acquire: the checkout is refused from then on.
 #[test]
 fn an_svn_update_that_adds_git_at_the_top_never_frees_a_held_lock() {
-    if !have_svn("an_svn_update_that_adds_git_at_the_top_never_frees_a_held_lock") {
+    let Some((w, content)) =
+        svn_world("an_svn_update_that_adds_git_at_the_top_never_frees_a_held_lock")
+    else {
         return;
-    }
-    let w = World::new();
-    let content = w.env.dir("content");
+    };
     write(&content.join("README"), "\n");
     let (url, wc) = svn_checkout(&w, "repo", &content, "wc");
     let first = Lock::new(&wc, SKILL, REPO);
