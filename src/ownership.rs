@@ -24,7 +24,9 @@ pub(crate) fn note_sudo(uid: Option<&str>, gid: Option<&str>) {
 }
 
 /// The (uid, gid) of the user sudo ran a root process for; `None` unless
-/// this process runs as root under sudo.
+/// this process runs as root under sudo (never on Windows, which has no
+/// sudo's root to act for).
+#[cfg(unix)]
 pub(crate) fn sudo_owner() -> Option<(u32, u32)> {
     if !sys::is_root() {
         return None;
@@ -153,11 +155,6 @@ mod sys {
     /// opened by handle and its owner checked there (docs/platforms.md).
     pub(super) fn owner_is(_meta: &std::fs::Metadata, _sudo_uid: Option<u32>) -> bool {
         true
-    }
-
-    /// There is no sudo's root to act for on Windows.
-    pub(super) fn is_root() -> bool {
-        false
     }
 }
 
