@@ -100,7 +100,9 @@ pub(crate) fn discover(explicit: Option<&Path>, cwd: &Path, user: &User) -> Resu
                 }
             }
         }
-        None => std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf()),
+        // The current directory is already absolute and resolved (getcwd);
+        // on Windows, canonicalizing would spell it `\\?\C:\...`.
+        None => cwd.to_path_buf(),
     };
     let walk = walk(&start, user);
     let original = walk
