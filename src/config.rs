@@ -174,6 +174,13 @@ impl Action {
             Self::List => None,
         }
     }
+
+    /// Does the action look for the original tool's locks (SPEC §5
+    /// "Upgrading")? Only `acquire`, `run` and `list` do: no other command
+    /// pays for the walk.
+    pub(crate) fn reads_legacy(&self) -> bool {
+        matches!(self, Self::Acquire { .. } | Self::Run { .. } | Self::List)
+    }
 }
 
 /// Everything one invocation needs, validated: what to do, where, and when.
@@ -200,7 +207,7 @@ impl Settings {
         root: Option<&Path>,
         env: Environment,
     ) -> Result<Self> {
-        let store = choose_store(store, root, &env, action.repo())?;
+        let store = choose_store(store, root, &env, action.repo(), action.reads_legacy())?;
         Ok(Self {
             action,
             store,
@@ -453,6 +460,7 @@ pub(crate) fn choose_store(
     root_flag: Option<&Path>,
     env: &Environment,
     repo: Option<&str>,
+    reads_legacy: bool,
 ) -> Result<StoreChoice> {
     let text = |s: &OsString, what: &str| {
         s.to_str()
@@ -479,9 +487,9 @@ pub(crate) fn choose_store(
     };
     // `store = "file"` in the configuration file: the personal layer's file
     // store, chosen by the user (so a tree's skill-lock.toml is ignored).
-    let (chosen, user_chose) = match chosen {
-        Some((url, StoreSource::ConfigFile, _)) if url == "file" => (None, true),
-        other => (other, false),
+    let (chosen, file_line) = match chosen {
+        Some((url, StoreSource::ConfigFile, line)) if url == "file" => (None, Some(line)),
+        other => (other, None),
     };
     if let Some((url, source, line)) = chosen {
         let mut choice = from_url(&url, cwd, source, root_flag, env).map_err(|e| match &line {
@@ -492,23 +500,35 @@ pub(crate) fn choose_store(
             None => e,
         })?;
         choice.origin = line;
-        choice.legacy = legacy_layer(root::discover(root_flag, cwd, user).ok().as_ref());
+        if reads_legacy {
+            choice.legacy = legacy_layer(root::discover(root_flag, cwd, user).ok().as_ref());
+        }
         return Ok(choice);
     }
     let root = root::discover(root_flag, cwd, user)?;
     let layer = layer::resolve(&root.dir)?;
-    if !user_chose && let Some(found) = layer.planted_config(root.original.as_deref()) {
+    if file_line.is_none()
+        && let Some(found) = layer.planted_config(root.original.as_deref())
+    {
         return Err(planted_config(&found, env));
     }
     let location = Location::new(&layer.anchor, layer.below);
-    let legacy = legacy_layer(Some(&root));
+    let legacy = if reads_legacy {
+        legacy_layer(Some(&root))
+    } else {
+        Vec::new()
+    };
     Ok(StoreChoice {
         spec: StoreSpec::File(location),
-        source: StoreSource::Default,
+        source: if file_line.is_some() {
+            StoreSource::ConfigFile
+        } else {
+            StoreSource::Default
+        },
         url: None,
         root: Some(root.dir),
         legacy,
-        origin: None,
+        origin: file_line.flatten(),
     })
 }
 

@@ -132,20 +132,21 @@ fn store(
     refusals: &mut Vec<Value>,
 ) {
     let repo = req.key.as_ref().map(LockKey::repo);
-    let choice = match config::choose_store(req.store.as_ref(), req.root.as_deref(), env, repo) {
-        Ok(choice) => choice,
-        Err(e) => {
-            out.insert("store".into(), Value::Null);
-            let message = e.to_string();
-            if !refusals
-                .iter()
-                .any(|r| r["message"].as_str() == Some(&message))
-            {
-                refusals.push(refusal(e.code(), message));
+    let choice =
+        match config::choose_store(req.store.as_ref(), req.root.as_deref(), env, repo, true) {
+            Ok(choice) => choice,
+            Err(e) => {
+                out.insert("store".into(), Value::Null);
+                let message = e.to_string();
+                if !refusals
+                    .iter()
+                    .any(|r| r["message"].as_str() == Some(&message))
+                {
+                    refusals.push(refusal(e.code(), message));
+                }
+                return;
             }
-            return;
-        }
-    };
+        };
     let from = match choice.source {
         StoreSource::Flag => "--store".to_owned(),
         StoreSource::Env => "SKILL_LOCK_STORE".to_owned(),

@@ -762,6 +762,20 @@ fn doctor_says_where_things_are_and_why() {
         from.contains("line 2") && from.contains("apache/*"),
         "{d:?}"
     );
+    // `store = "file"`: the personal layer, chosen by that line.
+    write(&config, "store = \"file\"\n");
+    let (code, d) = run(&[SKILL, "--repo", REPO], &[("SKILL_LOCK_CONFIG", &config)]);
+    assert_eq!(code, 0, "{d:?}");
+    let store = d.store.as_ref().unwrap();
+    assert!(store.from.contains("line 1"), "{d:?}");
+    assert!(
+        store
+            .lock
+            .as_deref()
+            .unwrap_or_default()
+            .contains(".git/apache-magpie"),
+        "{d:?}"
+    );
     // Refusals: a tree's skill-lock.toml, a configuration file others can write.
     let planted = clone.join(".git/apache-magpie/skill-lock.toml");
     write(&planted, "store = \"etcd://127.0.0.1:9\"\n");
