@@ -123,3 +123,114 @@ fn every_test_module_names_the_spec_sections_it_covers() {
         "docs/tests.md lists a module the test binary does not have"
     );
 }
+
+/// Every file path and every function the prose names exists, so a moved
+/// module or a renamed test cannot leave a stale pointer behind. Checked:
+/// backquoted spans in README.md and docs/*.md (the contract aside, which
+/// names no file of this repository; BENCHMARKS.md is a dated record of
+/// runs) that are a path from the repository's root (`src/…`, `tests/…`,
+/// `scripts/…`, …) or a `.rs` path below one, and `module::function` where
+/// `module` is a file of `src/` or `tests/` and `function` a snake_case name
+/// (it must be defined somewhere there). Placeholders (a run of capitals,
+/// `*`) are left alone.
+#[test]
+fn the_files_and_functions_the_prose_names_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut prose = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") && !path.ends_with("contract.md") {
+            prose.push(path);
+        }
+    }
+    let tops = [
+        "src/",
+        "tests/",
+        "scripts/",
+        "packaging/",
+        "fuzz/",
+        "benches/",
+        "docs/",
+        ".ci/",
+        ".github/",
+    ];
+    let mut files = Vec::new();
+    let mut stack = vec![root.join("src"), root.join("tests")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push(
+                    path.strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .replace('\\', "/"),
+                );
+            }
+        }
+    }
+    let code: String = files
+        .iter()
+        .filter(|f| f.ends_with(".rs"))
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap())
+        .collect();
+    let placeholder = |s: &str| {
+        s.contains('*')
+            || s.as_bytes()
+                .windows(3)
+                .any(|w| w.iter().all(u8::is_ascii_uppercase))
+    };
+    let mut stale = Vec::new();
+    for file in &prose {
+        let text = std::fs::read_to_string(file).unwrap();
+        let name = file.strip_prefix(root).unwrap().display().to_string();
+        for (n, line) in text.lines().enumerate() {
+            for span in line.split('`').skip(1).step_by(2) {
+                let span = span
+                    .split('#')
+                    .next()
+                    .unwrap_or_default()
+                    .trim_end_matches('/');
+                let plain = !span.is_empty()
+                    && span
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._/-:".contains(c));
+                if !plain || placeholder(span) {
+                    continue;
+                }
+                if let Some((module, function)) = span.rsplit_once("::") {
+                    let module = module.rsplit("::").next().unwrap_or_default();
+                    let known = files.iter().any(|f| {
+                        f.ends_with(&format!("/{module}.rs"))
+                            || f.ends_with(&format!("/{module}/mod.rs"))
+                    });
+                    let snake = function.contains('_')
+                        && function
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                    if known && snake && !code.contains(&format!("fn {function}")) {
+                        stale.push(format!("{name}:{}: `{span}`: no such function", n + 1));
+                    }
+                    continue;
+                }
+                let exists = if tops.iter().any(|t| span.starts_with(t)) {
+                    root.join(span).exists()
+                } else if span.contains('/') && span.ends_with(".rs") {
+                    files.iter().any(|f| f.ends_with(&format!("/{span}")))
+                } else {
+                    continue;
+                };
+                if !exists {
+                    stale.push(format!("{name}:{}: `{span}`: no such file", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "the prose names what is not there:\n{}",
+        stale.join("\n")
+    );
+}
