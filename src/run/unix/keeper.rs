@@ -57,7 +57,6 @@ enum Msg {
     Empty,
 }
 
-
 /// When this process was started as a keeper ([`KEEPER_ARG`] first), runs
 /// it to its end and returns its exit status; `None` otherwise. `Some(Err)`:
 /// the argument was typed by hand (the caller prints the usual error object).
