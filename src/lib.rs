@@ -42,9 +42,10 @@
 
 /// The one platform pattern (docs/design.md "Platform code"): a concept's
 /// logic is written once in its `mod.rs`, which reaches the system calls
-/// as `sys`: `unix.rs` and `windows.rs` beside it, with the same functions
-/// on both. A concept whose per-OS part is a few lines writes the two
-/// `mod sys` inline instead.
+/// as `sys`: `unix.rs` and `windows.rs` beside it, each implementing the
+/// trait the `mod.rs` declares, so the compiler checks that every platform
+/// has every function. A concept whose per-OS part is a few lines writes
+/// the two `mod sys` inline instead.
 macro_rules! per_os {
     ($($vis:tt)*) => {
         #[cfg(unix)]

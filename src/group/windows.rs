@@ -1,5 +1,6 @@
 //! Windows: a Job Object, the one group of processes that is killed as one
-//! and that no member can leave.
+//! and that no member can leave; [`Job`] is also what `run` on Windows
+//! holds its command's tree in.
 
 use std::os::windows::io::{AsRawHandle, FromRawHandle, OwnedHandle};
 use std::process::{Child, Command};
@@ -89,20 +90,20 @@ impl Job {
     }
 }
 
-/// Nothing to ready: the child is put into a job once spawned.
-pub(super) fn prepare(_cmd: &mut Command) {}
-
 /// A child and what it starts, in a Job Object of their own.
 pub(super) struct Group(Job);
 
-impl Group {
-    pub(super) fn of(child: &Child) -> std::io::Result<Self> {
+impl super::Platform for Group {
+    /// Nothing to ready: the child is put into a job once spawned.
+    fn prepare(_cmd: &mut Command) {}
+
+    fn of(child: &Child) -> std::io::Result<Self> {
         let job = Job::new()?;
         job.assign(child)?;
         Ok(Self(job))
     }
 
-    pub(super) fn kill(&self) {
+    fn kill(&self) {
         self.0.terminate(1);
     }
 }

@@ -18,7 +18,29 @@ use crate::record::Holder;
 
 per_os!();
 
-pub(crate) use sys::{group_alive, pid_exists};
+use sys::Os;
+
+/// What each platform answers, checked by the compiler on both
+/// (`unix.rs`, `windows.rs`); the verdicts built on it are written once
+/// here.
+trait Platform {
+    /// This process's origin (read once: [`Origin::here`]).
+    fn origin() -> Origin;
+    /// The OS's name for this machine.
+    fn system_hostname() -> Option<String>;
+    /// Milliseconds on the boot-time clock, where the OS has one.
+    fn boot_ms() -> Option<u64>;
+    /// Start time of a process (opaque units, comparable on one boot).
+    fn process_start(pid: u32) -> Option<u64>;
+    /// Does a process with this pid exist here? (`None`: cannot tell.)
+    fn pid_exists(pid: u32) -> Option<bool>;
+    /// Is any process of group `pgid` alive here? (`None`: cannot tell.)
+    fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool>;
+    /// Every process `root` owns (see [`tree`]).
+    fn tree(root: u32) -> Option<Vec<u32>>;
+    /// Does a pid recorded in `holder` mean the same process here?
+    fn pid_comparable(holder: &Holder, here: &Origin) -> bool;
+}
 
 /// Where a process runs, as far as it can be known for certain.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,7 +74,7 @@ impl Origin {
             if host_override().is_some() {
                 Self::default()
             } else {
-                sys::origin()
+                Os::origin()
             }
         })
     }
@@ -73,7 +95,7 @@ fn host_override() -> Option<String> {
 #[must_use]
 pub(crate) fn hostname() -> String {
     host_override()
-        .or_else(sys::system_hostname)
+        .or_else(Os::system_hostname)
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
@@ -81,13 +103,28 @@ pub(crate) fn hostname() -> String {
 /// OS has one.
 #[must_use]
 pub(crate) fn boot_ms() -> Option<u64> {
-    sys::boot_ms()
+    Os::boot_ms()
 }
 
 /// Start time of a process (opaque units, comparable on one boot), if known.
 #[must_use]
 pub(crate) fn process_start(pid: u32) -> Option<u64> {
-    sys::process_start(pid)
+    Os::process_start(pid)
+}
+
+/// Does a process with this pid exist here? (`None`: cannot tell.)
+#[must_use]
+pub(crate) fn pid_exists(pid: u32) -> Option<bool> {
+    Os::pid_exists(pid)
+}
+
+/// Is any process of group `pgid` alive here? (`None`: cannot tell.)
+/// `leader_start`, the recorded start time of the group's first leader,
+/// tells a reused id from the group (Windows, which has no groups: the
+/// leader's pid and creation time alone).
+#[must_use]
+pub(crate) fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
+    Os::group_alive(pgid, leader_start)
 }
 
 /// Every process that `run`'s keeper `root` owns (SPEC §2.7): its
@@ -105,7 +142,7 @@ pub(crate) fn process_start(pid: u32) -> Option<u64> {
     )
 )]
 pub(crate) fn tree(root: u32) -> Option<Vec<u32>> {
-    sys::tree(root)
+    Os::tree(root)
 }
 
 /// The verdict on a `run` lock's process group, where the record names one
@@ -133,7 +170,7 @@ pub(crate) fn same<T: PartialEq>(a: Option<&T>, b: Option<&T>) -> bool {
 /// too.
 #[must_use]
 pub(crate) fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
-    sys::pid_comparable(holder, here)
+    Os::pid_comparable(holder, here)
 }
 
 /// True when `holder` was certainly written on this machine before its
@@ -175,7 +212,7 @@ mod tests {
     use crate::record::tests::sample;
 
     fn here_now() -> Origin {
-        let mut o = sys::origin();
+        let mut o = Os::origin();
         // Judge as the machine itself would, even inside this test's container.
         o.machine = Some("this-machine".into());
         o

@@ -30,13 +30,91 @@ const CONTROL: &str = r"SYSTEM\CurrentControlSet\Control";
 const PREFETCH: &str =
     r"SYSTEM\CurrentControlSet\Control\Session Manager\Memory Management\PrefetchParameters";
 
-pub(super) fn origin() -> Origin {
-    Origin {
-        machine: certain_machine(),
-        boot_id: boot_id(),
-        pid_ns: None,
-        pid_ns_start: None,
-        time_ns: None,
+/// Windows's answers.
+pub(super) struct Os;
+
+impl super::Platform for Os {
+    fn origin() -> Origin {
+        Origin {
+            machine: certain_machine(),
+            boot_id: boot_id(),
+            pid_ns: None,
+            pid_ns_start: None,
+            time_ns: None,
+        }
+    }
+
+    /// A pid recorded in `holder` is judged here when the record is certainly
+    /// this machine's (the same MachineGuid hash, outside a container): a pid
+    /// with its creation time names one process across boots.
+    fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
+        matches!((&holder.machine, &here.machine), (Some(a), Some(b)) if a == b)
+    }
+
+    /// `GetTickCount64`: counts sleep, never steps.
+    fn boot_ms() -> Option<u64> {
+        // SAFETY: no preconditions.
+        Some(unsafe { windows_sys::Win32::System::SystemInformation::GetTickCount64() })
+    }
+
+    fn process_start(pid: u32) -> Option<u64> {
+        process_creation(pid)
+    }
+
+    /// Does a running process with this pid exist here? (`None`: cannot tell.)
+    fn pid_exists(pid: u32) -> Option<bool> {
+        if pid == 0 {
+            return Some(false);
+        }
+        // Waiting on a process needs SYNCHRONIZE: without it the wait fails,
+        // which once read as "exited" and judged every live owner dead.
+        match open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_SYNCHRONIZE) {
+            Ok(None) => Some(false),
+            // An exited process whose object someone still holds is gone.
+            Ok(Some(h)) => running(std::os::windows::io::AsHandle::as_handle(&h)),
+            // Access denied: it exists, and is someone else's.
+            Err(e) if e.raw_os_error() == Some(5) => Some(true),
+            Err(_) => None,
+        }
+    }
+
+    /// Windows has no process groups: a "group" recorded by another platform
+    /// is judged by its leader's pid and creation time.
+    fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
+        if !Self::pid_exists(pgid)? {
+            return Some(false);
+        }
+        match (leader_start, Self::process_start(pgid)) {
+            (Some(recorded), Some(current)) if recorded != current => Some(false),
+            _ => Some(true),
+        }
+    }
+
+    /// `run` owns its command's processes through a Job Object instead.
+    fn tree(_root: u32) -> Option<Vec<u32>> {
+        None
+    }
+
+    /// This computer's NetBIOS name.
+    fn system_hostname() -> Option<String> {
+        use windows_sys::Win32::System::SystemInformation::{
+            ComputerNamePhysicalDnsHostname, GetComputerNameExW,
+        };
+        let mut buf = [0u16; 256];
+        let mut len = u32::try_from(buf.len()).unwrap_or(256);
+        // SAFETY: a buffer of `len` wide characters.
+        let ok = unsafe {
+            GetComputerNameExW(
+                ComputerNamePhysicalDnsHostname,
+                buf.as_mut_ptr(),
+                &raw mut len,
+            )
+        };
+        if ok == 0 {
+            return None;
+        }
+        let name = String::from_utf16_lossy(buf.get(..usize::try_from(len).ok()?)?);
+        (!name.is_empty()).then_some(name)
     }
 }
 
@@ -78,84 +156,6 @@ fn boot_id() -> Option<String> {
         )
     };
     (rc == 0).then(|| format!("windows-boot-{n}-{machine}"))
-}
-
-/// A pid recorded in `holder` is judged here when the record is certainly
-/// this machine's (the same MachineGuid hash, outside a container): a pid
-/// with its creation time names one process across boots.
-pub(super) fn pid_comparable(holder: &Holder, here: &Origin) -> bool {
-    matches!((&holder.machine, &here.machine), (Some(a), Some(b)) if a == b)
-}
-
-#[allow(
-    clippy::unnecessary_wraps,
-    reason = "the interface of every platform: some have no boot clock"
-)]
-pub(super) fn boot_ms() -> Option<u64> {
-    // SAFETY: no preconditions.
-    Some(unsafe { windows_sys::Win32::System::SystemInformation::GetTickCount64() })
-}
-
-pub(super) fn process_start(pid: u32) -> Option<u64> {
-    process_creation(pid)
-}
-
-/// Does a running process with this pid exist here? (`None`: cannot tell.)
-#[must_use]
-pub(crate) fn pid_exists(pid: u32) -> Option<bool> {
-    if pid == 0 {
-        return Some(false);
-    }
-    // Waiting on a process needs SYNCHRONIZE: without it the wait fails,
-    // which once read as "exited" and judged every live owner dead.
-    match open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_SYNCHRONIZE) {
-        Ok(None) => Some(false),
-        // An exited process whose object someone still holds is gone.
-        Ok(Some(h)) => running(std::os::windows::io::AsHandle::as_handle(&h)),
-        // Access denied: it exists, and is someone else's.
-        Err(e) if e.raw_os_error() == Some(5) => Some(true),
-        Err(_) => None,
-    }
-}
-
-/// Windows has no process groups: a "group" recorded by another platform
-/// is judged by its leader's pid and creation time.
-#[must_use]
-pub(crate) fn group_alive(pgid: u32, leader_start: Option<u64>) -> Option<bool> {
-    if !pid_exists(pgid)? {
-        return Some(false);
-    }
-    match (leader_start, process_start(pgid)) {
-        (Some(recorded), Some(current)) if recorded != current => Some(false),
-        _ => Some(true),
-    }
-}
-
-/// `run` owns its command's processes through a Job Object instead.
-pub(super) fn tree(_root: u32) -> Option<Vec<u32>> {
-    None
-}
-
-/// This computer's NetBIOS name.
-pub(super) fn system_hostname() -> Option<String> {
-    use windows_sys::Win32::System::SystemInformation::{
-        ComputerNamePhysicalDnsHostname, GetComputerNameExW,
-    };
-    let mut buf = [0u16; 256];
-    let mut len = u32::try_from(buf.len()).unwrap_or(256);
-    // SAFETY: a buffer of `len` wide characters.
-    let ok = unsafe {
-        GetComputerNameExW(
-            ComputerNamePhysicalDnsHostname,
-            buf.as_mut_ptr(),
-            &raw mut len,
-        )
-    };
-    if ok == 0 {
-        return None;
-    }
-    let name = String::from_utf16_lossy(buf.get(..usize::try_from(len).ok()?)?);
-    (!name.is_empty()).then_some(name)
 }
 
 // ---------------------------------------------------- processes, registry

@@ -1,73 +1,98 @@
 //! `run` (SPEC §2.7): the command-wrapper mode of flock(1) for callers with a
-//! stable pid.
+//! stable pid. The one telling of `run`'s steps: the files below point here.
 //!
-//! The logic is written once, here: the acquire, the supervisor's watch
-//! loop, the renewal worker and the verdict on each renewal, the ending and
-//! `run`'s exit status. What owns CMD's processes is the platform's
-//! (`unix.rs`: a keeper process, `windows.rs`: a Job Object), behind one
-//! `sys::CmdTree` with the same functions on both, which reports what
-//! happens to the tree as `TreeReport`s.
+//! The logic is written once, here and in `watch.rs`: the acquire, the
+//! supervisor's watch loop, the renewal worker and the verdict on each
+//! renewal, the ending and `run`'s exit status; the PATH lookup in
+//! `resolve.rs`. What owns CMD's processes is the platform's (`unix.rs`: a
+//! keeper process, `windows.rs`: a Job Object), behind the [`TreeOwner`]
+//! trait that both `CmdTree`s implement, which reports what happens to the
+//! tree as `TreeReport`s.
 //!
 //! On Unix the owner of the lock is **everything CMD starts**, not this
 //! wrapper:
 //!
 //! 1. CMD is resolved on PATH before the lock is touched ([`resolve`]).
 //! 2. A keeper is started first (this binary again, `unix/keeper.rs`): it
-//!    leads a process group of its own, outside the wrapper's group, and on
-//!    Linux is a child subreaper. The wrapper hands it, over a pipe, how to
-//!    release the lock ([`Reach`]: the store's URL never in an argument).
-//!    Its pid is the group id named in the record (`owner_pgid`, with its
-//!    start time) before the lock is taken; the record names no `owner_pid`.
-//!    So the lock is held while the keeper lives, even past `expires`
+//!    leads a process group of its own, outside the wrapper's group (a
+//!    signal to that group, a CI cancel, job control, `timeout -s KILL`,
+//!    does not reach it), blocks or ignores every signal a terminal or a
+//!    group signal sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP,
+//!    SIGTTIN, SIGTTOU), and on Linux is a child subreaper. The wrapper
+//!    hands it, over a pipe (`unix/protocol.rs`), how to release the lock
+//!    ([`Reach`]: the store's URL never in an argument). Its pid is the
+//!    group id named in the record (`owner_pgid`, with its start time)
+//!    before the lock is taken; the record names no `owner_pid`. So the
+//!    lock is held while the keeper lives, even past `expires`
 //!    (`liveness::group_alive`; the keeper lives until the last process of
 //!    CMD's tree is gone), and otherwise by its lease alone: no death of a
 //!    process makes it `owner_dead` while a daemon of CMD's may still run.
 //! 3. After the acquire the keeper starts CMD as its child in a **new
 //!    process group** of CMD's own (with `SKILL_LOCK_TOKEN`,
 //!    `SKILL_LOCK_FENCE` and, with `--since`, `SKILL_LOCK_OTHERS_SINCE`:
-//!    [`lease_env`]), so what CMD sends to its group (`kill 0`,
-//!    `kill -9 -PGID`) never reaches the keeper. What CMD starts stays in
-//!    the keeper's tree even when it leaves the group or the session: it
-//!    is re-parented to the keeper, not to init. Forwarded signals go to
+//!    [`lease_env`]), made the terminal's foreground when `run` was, so
+//!    what CMD sends to its group (`kill 0`, `kill -9 -PGID`) never reaches
+//!    the keeper. What CMD starts stays in the keeper's tree even when it
+//!    leaves the group or the session: it is re-parented to the keeper,
+//!    not to init (`liveness::tree` walks it). Forwarded signals go to
 //!    every process of the tree.
 //! 4. A `Renewer` keeps the end of the lease it last confirmed on a clock
 //!    that never steps and counts suspend, renews every ttl/3, retries a
 //!    failed renewal quickly, and names the moment to stop: a margin before
 //!    that end. At that moment (or as soon as a renewal finds the lock lost)
-//!    the tree is stopped, SIGTERM then SIGKILL after a grace, all before
-//!    the confirmed end, and `run` exits 128+signal with `"lost": true`.
-//! 5. When CMD ends, what it left running is stopped the same way, and the
-//!    lock is released only once the keeper reports that nothing is left;
-//!    the wrapper then tells the keeper it is `done`.
+//!    the tree is stopped, SIGTERM and SIGCONT, then SIGKILL after a grace
+//!    until none is left, all before the confirmed end, and `run` exits
+//!    128+signal with `"lost": true`.
+//! 5. When CMD ends, what it left running is stopped the same way; the
+//!    keeper reaps everything re-parented to it and reports `empty` once
+//!    it has no child and nothing of CMD's group is left. The lock is
+//!    released only then; the wrapper then tells the keeper it is `done`.
 //! 6. The wrapper sends the keeper each moment to stop at (step 4), so a
 //!    wrapper that is stopped or starved, not dead, still has the tree
 //!    stopped before the confirmed lease ends; and when the wrapper dies
 //!    however (SIGKILL of it or of its whole group), the keeper's pipe
 //!    closes: it stops the tree at once and, once nothing of it is left,
-//!    releases the lock itself with the token (this binary's `release`).
+//!    releases the lock itself with the token (this binary's `release`,
+//!    the token in `SKILL_LOCK_TOKEN`, the store's URL in
+//!    `SKILL_LOCK_STORE`: never another run's lock).
 //! 7. When the keeper dies instead (a SIGKILL aimed at it), the wrapper
 //!    stops what it can reach of CMD (its process group), never releases
 //!    (a process CMD started may live on where nobody sees it), leaves the
 //!    lock to its lease, and reports `"lost": true`.
 //!
+//! What escapes where the platform has no subreaper (macOS, other Unix):
+//! a process that leaves CMD's process group (`setsid`, `setpgid`) and
+//! whose parent then exits is re-parented to init (launchd) and no longer
+//! found; everything that stays in the group is found and stopped.
+//!
 //! On Windows (SPEC §10) the owner of the lock is this wrapper (`owner_pid`,
 //! with its creation time), and CMD with everything it starts lives in a
 //! Job Object that kills every process in it when its last handle closes,
 //! which this wrapper holds: nothing outlives the wrapper, so its death
-//! proves CMD's processes gone (see `windows.rs`).
+//! proves CMD's processes gone (why that is enough: `windows.rs`). CMD is
+//! resolved on PATH with PATHEXT (step 1); after the acquire it is created
+//! suspended, put into the job and only then resumed, so it runs no
+//! instruction outside it; a lost lease terminates the whole job (exit
+//! 143, 128+SIGTERM); when CMD ends, what it left in the job is
+//! terminated, and the lock is released once the job has no process left.
+//! Console events (Ctrl-C, Ctrl-Break, close) reach CMD from Windows itself
+//! (it shares the console); the wrapper survives them ([`crate::signals`])
+//! and reports a CMD ended by one as 128+number.
 
 mod outcome;
 mod reach;
 mod renewer;
+mod resolve;
+mod watch;
 per_os!();
 
 pub(crate) use outcome::{Completion, Outcome, lease_env};
 pub(crate) use reach::Reach;
-pub(crate) use sys::{main_if_keeper, resolve};
+pub(crate) use resolve::resolve;
 
 use std::ffi::OsString;
 use std::path::Path;
-use std::process::ExitStatus;
+use std::process::{ExitCode, ExitStatus};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -79,6 +104,87 @@ use crate::store::Store;
 use crate::wait::{self, Waited};
 use renewer::{Margins, Renewer};
 use sys::CmdTree;
+use watch::{End, watch};
+
+/// What owns CMD's processes, declared once and implemented by each
+/// platform's `CmdTree` (`unix.rs`: the wrapper's side of the keeper;
+/// `windows.rs`: the Job Object), so the compiler checks that every
+/// platform has every step (steps above); a step a platform has no use
+/// for is an empty function there, which says why.
+trait TreeOwner: Sized {
+    /// Said when CMD ended and left processes running.
+    const LEFTOVERS: &'static str;
+    /// Said when the owner of the tree vanished before the tree was empty.
+    const TREE_GONE: &'static str;
+    /// Said when processes survive the stop.
+    const SURVIVORS: &'static str;
+
+    /// When this process was started as the owner of a tree (the keeper),
+    /// runs it to its end; `None` otherwise.
+    fn main_if_keeper() -> Option<Result<ExitCode>>;
+
+    /// Before the acquire: readies the owner of the tree of `program`
+    /// (with the words `cmd`); `grace` is the time between SIGTERM and
+    /// SIGKILL; `reach` is how the lock on `key` is released should this
+    /// wrapper die.
+    ///
+    /// # Errors
+    /// The owner could not be started.
+    fn start(
+        grace: Duration,
+        program: &Path,
+        cmd: &[OsString],
+        key: &LockKey,
+        reach: &Reach,
+    ) -> Result<Self>;
+
+    /// The `owner_pid` and `owner_pgid` of the record.
+    fn owner(&self) -> (Option<u32>, Option<u32>);
+
+    /// Starts CMD under the lease (`token`, `fence`, `--since`'s answer).
+    fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>);
+
+    /// Hands every report to `tx` as `wrap(report)`, from a thread of its
+    /// own; the last is [`TreeReport::Empty`] or [`TreeReport::Gone`].
+    fn reports<T: Send + 'static>(&mut self, tx: mpsc::Sender<T>, wrap: fn(TreeReport) -> T);
+
+    /// CMD started with `pid`.
+    fn started(&mut self, pid: u32);
+
+    /// The tree is to be stopped at `stop_at` on the lease clock, even
+    /// when this wrapper is stopped or starved by then.
+    fn arm(&mut self, stop_at: Duration);
+
+    /// Forwards `sig` to every process of the tree.
+    fn signal(&mut self, sig: libc::c_int);
+
+    /// Stops the tree now.
+    fn stop(&mut self);
+
+    /// Stops what is left of the tree where its owner could not (it
+    /// vanished); the last signal sent, if any.
+    fn stop_what_is_left(&mut self, grace: Duration) -> Option<libc::c_int>;
+
+    /// Gives the terminal lent to CMD back to `run`.
+    fn take_back_terminal(&mut self);
+
+    /// Before CMD started: lets the owner go.
+    fn quit(&mut self);
+
+    /// This wrapper dealt with the lock: the owner must not release it.
+    fn done(&mut self);
+
+    /// Waits for the owner to end.
+    fn reap(&mut self);
+}
+
+/// When this process was started as `run`'s keeper, runs it to its end
+/// and returns its exit status; `None` otherwise. `Some(Err)`: the keeper's
+/// argument was typed by hand (the caller prints the usual error object).
+#[must_use]
+pub(crate) fn main_if_keeper() -> Option<Result<ExitCode>> {
+    CmdTree::main_if_keeper()
+}
 
 /// Prepares signal handling; call before any other thread is started.
 pub(crate) fn prepare() {
@@ -309,7 +415,7 @@ fn settle(
             Ok(Notice::Tree(TreeReport::Exited { status: s, .. })) => status = s,
             Ok(Notice::Tree(TreeReport::Empty)) => return (status, Ending::Empty),
             Ok(Notice::Tree(TreeReport::Gone)) => {
-                eprintln!("{}", sys::TREE_GONE);
+                eprintln!("{}", CmdTree::TREE_GONE);
                 return (status, Ending::TreeGone);
             }
             Ok(Notice::Signal(sig)) => {
@@ -320,7 +426,7 @@ fn settle(
             Err(_) => break,
         }
     }
-    eprintln!("{}", sys::SURVIVORS);
+    eprintln!("{}", CmdTree::SURVIVORS);
     (status, Ending::Survivors)
 }
 
@@ -342,7 +448,7 @@ struct TreeEnd {
 fn completion(end: &TreeEnd, renewals: u64, released: bool) -> Completion {
     let (code, signal) = end
         .status
-        .map_or((None, None), |s| sys::ended(s, end.last_signal));
+        .map_or((None, None), |s| signals::ended(s, end.last_signal));
     let exit_status = match (end.lost, code, signal) {
         (true, _, Some(s)) | (false, None, Some(s)) => signals::exit_status(s),
         (true, _, None) => signals::exit_status(end.stopped_with.unwrap_or(signals::SIGTERM)),
@@ -392,178 +498,4 @@ fn renewal_worker<S: Store + Clone + Send + 'static>(
         }
     });
     tx
-}
-
-/// Why the watch ended.
-enum End {
-    /// No process of CMD's tree is left; CMD's status.
-    Done(Option<ExitStatus>),
-    /// The lease was lost or ends unconfirmed; CMD's status, when already
-    /// seen, and whether the tree was already reported gone.
-    Lost(Option<ExitStatus>, bool),
-    /// CMD could not be started (the reason).
-    Failed(String),
-    /// The owner of the tree vanished before the tree was empty; CMD's
-    /// status, if seen.
-    TreeGone(Option<ExitStatus>),
-}
-
-/// What the watch came to.
-struct Watched {
-    end: End,
-    renewals: u64,
-    last_signal: Option<libc::c_int>,
-}
-
-/// What the watch keeps while it runs.
-#[derive(Default)]
-struct Tally {
-    renewals: u64,
-    exited: Option<ExitStatus>,
-    last_signal: Option<libc::c_int>,
-}
-
-impl Tally {
-    fn ended(self, end: End) -> Watched {
-        Watched {
-            end,
-            renewals: self.renewals,
-            last_signal: self.last_signal,
-        }
-    }
-}
-
-/// The supervisor's loop: forwards signals, schedules renewals, and ends
-/// when no process of CMD's tree is left, or the lease is lost or about to
-/// end unconfirmed, or the tree's owner is gone.
-fn watch(
-    rx: &mpsc::Receiver<Notice>,
-    renew: &mpsc::Sender<Duration>,
-    renewer: &mut Renewer,
-    tree: &mut CmdTree,
-    fence: u64,
-) -> Watched {
-    let mut seen = Tally::default();
-    loop {
-        let now = lease_clock();
-        if now >= renewer.stop_at() {
-            eprintln!(
-                "skill-lock run: no renewal confirmed the lease, which ends in {} ms; stopping the command and everything it started",
-                renewer.confirmed_end().saturating_sub(now).as_millis()
-            );
-            let end = End::Lost(seen.exited, false);
-            return seen.ended(end);
-        }
-        if renewer.due(now) && renew.send(renewer.confirmed_end()).is_ok() {
-            renewer.sent();
-        }
-        let end = match rx.recv_timeout(renewer.sleep(now)) {
-            Ok(Notice::Signal(sig)) => {
-                seen.last_signal = Some(sig);
-                tree.signal(sig);
-                None
-            }
-            Ok(Notice::Tree(report)) => {
-                if let TreeReport::Started(pid) = report {
-                    tree.started(pid);
-                }
-                on_report(report, &mut seen.exited, renewer)
-            }
-            Ok(Notice::Renewal { began, result }) => {
-                on_renewal(began, result, renewer, tree, &mut seen, fence)
-            }
-            Ok(Notice::TooLate) => {
-                eprintln!(
-                    "skill-lock run: the lease ended before its renewal could be sent (this process was paused past it); stopping the command and everything it started"
-                );
-                Some(End::Lost(seen.exited, false))
-            }
-            Err(_) => None,
-        };
-        if let Some(end) = end {
-            return seen.ended(end);
-        }
-    }
-}
-
-/// What a report on the tree means for the watch (`Some`: it ends);
-/// `exited` keeps CMD's status once reported.
-fn on_report(
-    report: TreeReport,
-    exited: &mut Option<ExitStatus>,
-    renewer: &Renewer,
-) -> Option<End> {
-    if let TreeReport::Exited { status, .. } = &report {
-        *exited = *status;
-    }
-    if matches!(report, TreeReport::Exited { .. } | TreeReport::Empty)
-        && lease_clock() >= renewer.stop_at()
-    {
-        // This wrapper was stopped or starved past the stop moment, and
-        // the tree was stopped in its place.
-        eprintln!(
-            "skill-lock run: no renewal confirmed the lease in time; the command and everything it started were stopped"
-        );
-        return Some(End::Lost(*exited, report == TreeReport::Empty));
-    }
-    match report {
-        TreeReport::Started(_) => None,
-        TreeReport::Failed(message) => Some(End::Failed(message)),
-        TreeReport::Exited { leftovers, .. } => {
-            if leftovers {
-                eprintln!("{}", sys::LEFTOVERS);
-            }
-            None
-        }
-        TreeReport::Empty => Some(End::Done(*exited)),
-        TreeReport::Gone => {
-            eprintln!("{}", sys::TREE_GONE);
-            Some(End::TreeGone(*exited))
-        }
-    }
-}
-
-/// The verdict on a renewal's answer (`Some`: the lease is lost); a
-/// confirmed renewal moves the lease end, and the tree's stop moment, on.
-/// A renewal that revived the lease (it had ended, or a reader may have
-/// called it stale: SPEC §2.2) took a new fence, not the `fence` CMD was
-/// told: the lease CMD writes under is over, so it is lost (SPEC §2.7).
-fn on_renewal(
-    began: Duration,
-    result: Result<Renew>,
-    renewer: &mut Renewer,
-    tree: &mut CmdTree,
-    seen: &mut Tally,
-    fence: u64,
-) -> Option<End> {
-    let exited = seen.exited;
-    match result {
-        Ok(Renew::Renewed { holder, .. }) if holder.fence != fence => {
-            eprintln!(
-                "skill-lock run: the lease had ended when this renewal reached the store (this process was paused past it), so the renewal revived it under fence {}, not the fence {fence} the command was told; stopping the command and everything it started",
-                holder.fence
-            );
-            Some(End::Lost(exited, false))
-        }
-        Ok(Renew::Renewed { .. }) => {
-            renewer.confirmed(began);
-            tree.arm(renewer.stop_at());
-            seen.renewals += 1;
-            None
-        }
-        Ok(Renew::NotOwner { holder, .. }) => {
-            Renewer::report_lost(&holder);
-            Some(End::Lost(exited, false))
-        }
-        Ok(Renew::NotHeld { .. }) => {
-            eprintln!(
-                "skill-lock run: the lock was released by someone else; stopping the command and everything it started"
-            );
-            Some(End::Lost(exited, false))
-        }
-        Err(e) => {
-            renewer.report_failure(&e);
-            None
-        }
-    }
 }

@@ -1,66 +1,38 @@
-//! `run` on Windows (SPEC §2.7, §10): CMD inside a Job Object.
+//! `run` on Windows (the steps are told in [`crate::run`]): [`CmdTree`],
+//! CMD inside a Job Object, and `CreateProcess`'s rules for finding CMD
+//! ([`Exec`]).
 //!
-//! The owner of the lock is this wrapper (`owner_pid`, with its creation
-//! time), and CMD with everything it starts lives in a Job Object that
-//! kills every process in it when its last handle closes, which this
-//! wrapper holds: **nothing outlives the wrapper**, even when it is killed
-//! (Task Manager, `Stop-Process`, `taskkill /f`), so the lock's owner being
-//! gone proves CMD's processes gone. No process can leave the job
-//! (breakaway is not allowed), so what a daemonizing tool starts is in it
-//! too.
-//!
-//! - CMD is resolved on PATH (with PATHEXT) before the lock is touched.
-//! - After the acquire, CMD is created suspended, put into the job, and
-//!   only then resumed: it runs no instruction outside the job.
-//! - A lost lease terminates the whole job (exit code 143, 128+SIGTERM);
-//!   when CMD ends, what it left running in the job is terminated, and the
-//!   lock is released once the job has no process left.
-//! - Console events (Ctrl-C, Ctrl-Break, close) reach CMD from Windows
-//!   itself (it shares the console); the wrapper survives them (see
-//!   [`crate::signals`]) and reports a CMD ended by one as 128+number.
-//!
-//! What Unix needs a keeper for (SPEC §2.7, issue 27) holds here by the
-//! job: Windows has no signal to a process group that could reach the
-//! wrapper from CMD (`GenerateConsoleCtrlEvent` to group 0 is a console
-//! event, which the wrapper survives; `taskkill /t` reaches only a
-//! process's descendants), and a wrapper killed on purpose takes the whole
-//! job with it, so its death proves CMD's processes gone and the lock is
-//! `owner_dead` at once wherever the record's pid is judged (otherwise it
-//! is left to its lease). CMD keeps the console's process
-//! group: a group of its own (`CREATE_NEW_PROCESS_GROUP`) would stop
-//! Ctrl-C from reaching it.
+//! Why a job is enough where Unix needs a keeper (SPEC §2.7, §10, issue
+//! 27): the job kills every process in it when its last handle closes,
+//! which this wrapper holds, so **nothing outlives the wrapper**, even when
+//! it is killed (Task Manager, `Stop-Process`, `taskkill /f`), and no
+//! process can leave the job (breakaway is not allowed), so what a
+//! daemonizing tool starts is in it too. Windows has no signal to a
+//! process group that could reach the wrapper from CMD
+//! (`GenerateConsoleCtrlEvent` to group 0 is a console event, which the
+//! wrapper survives; `taskkill /t` reaches only a process's descendants),
+//! and a wrapper killed on purpose takes the whole job with it, so its
+//! death proves CMD's processes gone and the lock is `owner_dead` at once
+//! wherever the record's pid is judged (otherwise it is left to its
+//! lease). CMD keeps the console's process group: a group of its own
+//! (`CREATE_NEW_PROCESS_GROUP`) would stop Ctrl-C from reaching it.
 
 use std::ffi::OsString;
 use std::os::windows::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus};
+use std::process::{Child, ExitCode};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use super::{Reach, TreeReport, lease_clock, lease_env};
-use crate::error::{Error, Result};
-use crate::group::Job;
+use super::resolve::Rules;
+use super::{Reach, TreeOwner, TreeReport, lease_clock, lease_env};
+use crate::error::Result;
+use crate::group::windows::Job;
 use crate::key::LockKey;
-use crate::signals::windows::SIGINT;
+use crate::signals;
 
-/// The exit code of a process ended by Ctrl-C or Ctrl-Break.
-const STATUS_CONTROL_C_EXIT: u32 = 0xC000_013A;
 /// The exit code the job's processes get when `run` stops them.
 const STOPPED_CODE: u32 = 128 + 15;
-
-/// Said when CMD ended and left processes running.
-pub(super) const LEFTOVERS: &str =
-    "skill-lock run: stopping what the command left running (in its Job Object)";
-/// Never said: the job cannot vanish while this wrapper holds it.
-pub(super) const TREE_GONE: &str = "skill-lock run: the command's Job Object is gone";
-/// Said when processes survive the job's termination.
-pub(super) const SURVIVORS: &str = "skill-lock run: processes of the command's Job Object survive termination; the lock stays held until they end";
-
-/// No keeper process on Windows (the Job Object does its work).
-#[must_use]
-pub(crate) fn main_if_keeper() -> Option<Result<std::process::ExitCode, crate::error::Error>> {
-    None
-}
 
 /// The wrapper's side of CMD's tree: the Job Object it runs in, once
 /// started (or why it could not be), and CMD itself until it is watched.
@@ -71,13 +43,20 @@ pub(super) struct CmdTree {
     started: Option<std::result::Result<Child, String>>,
 }
 
-impl CmdTree {
+impl TreeOwner for CmdTree {
+    const LEFTOVERS: &'static str =
+        "skill-lock run: stopping what the command left running (in its Job Object)";
+    /// Never said: the job cannot vanish while this wrapper holds it.
+    const TREE_GONE: &'static str = "skill-lock run: the command's Job Object is gone";
+    const SURVIVORS: &'static str = "skill-lock run: processes of the command's Job Object survive termination; the lock stays held until they end";
+
+    /// No keeper process on Windows (the Job Object does its work).
+    fn main_if_keeper() -> Option<Result<ExitCode>> {
+        None
+    }
+
     /// Nothing to start before the acquire: the job is made with CMD.
-    #[allow(
-        clippy::unnecessary_wraps,
-        reason = "the same functions as on Unix, where starting the keeper may fail"
-    )]
-    pub(super) fn start(
+    fn start(
         _grace: Duration,
         program: &Path,
         cmd: &[OsString],
@@ -92,15 +71,13 @@ impl CmdTree {
         })
     }
 
-    /// The `owner_pid` and `owner_pgid` of the record: this wrapper, whose
-    /// death takes the whole job with it.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn owner(&self) -> (Option<u32>, Option<u32>) {
+    /// This wrapper, whose death takes the whole job with it.
+    fn owner(&self) -> (Option<u32>, Option<u32>) {
         (Some(std::process::id()), None)
     }
 
     /// Creates CMD suspended, puts it into a new job, then resumes it.
-    pub(super) fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>) {
+    fn go(&mut self, token: &str, fence: u64, others_since: Option<bool>) {
         let started = match Job::new() {
             Ok(job) => {
                 let job = Arc::new(job);
@@ -114,51 +91,9 @@ impl CmdTree {
         self.started = Some(started);
     }
 
-    fn spawn_in(
-        &self,
-        job: &Job,
-        token: &str,
-        fence: u64,
-        others_since: Option<bool>,
-    ) -> std::result::Result<Child, String> {
-        use windows_sys::Win32::System::Threading::CREATE_SUSPENDED;
-        let mut command = std::process::Command::new(&self.program);
-        command.args(self.cmd.iter().skip(1));
-        lease_env(&mut command, token, fence, others_since);
-        let mut child = command
-            .creation_flags(CREATE_SUSPENDED)
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot run {}: {e}; check the command (the lock was released)",
-                    self.program.display()
-                )
-            })?;
-        let fail = |child: &mut Child, what: String| {
-            let _ = child.kill();
-            let _ = child.wait();
-            format!("{what}; the command was not run (the lock was released)")
-        };
-        if let Err(e) = job.assign(&child) {
-            return Err(fail(
-                &mut child,
-                format!("cannot put the command into its Job Object ({e})"),
-            ));
-        }
-        if let Err(e) = resume(child.id()) {
-            return Err(fail(&mut child, format!("cannot resume the command ({e})")));
-        }
-        Ok(child)
-    }
-
-    /// Hands every report to `tx` as `wrap(report)`, from a thread that
-    /// waits for CMD, then terminates what it left in the job and waits
-    /// until none of it is left.
-    pub(super) fn reports<T: Send + 'static>(
-        &mut self,
-        tx: mpsc::Sender<T>,
-        wrap: fn(TreeReport) -> T,
-    ) {
+    /// From a thread that waits for CMD, then terminates what it left in
+    /// the job and waits until none of it is left.
+    fn reports<T: Send + 'static>(&mut self, tx: mpsc::Sender<T>, wrap: fn(TreeReport) -> T) {
         let mut child = match self.started.take() {
             Some(Ok(child)) => child,
             Some(Err(message)) => {
@@ -188,46 +123,115 @@ impl CmdTree {
     }
 
     /// Nothing to note: the job holds every process of the tree.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn started(&mut self, _pid: u32) {}
+    fn started(&mut self, _pid: u32) {}
 
     /// Nothing to arm: nothing of the job outlives this wrapper.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn arm(&mut self, _stop_at: Duration) {}
+    fn arm(&mut self, _stop_at: Duration) {}
 
     /// Nothing to forward: CMD shares the console, and Windows gives it
     /// the same event.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn signal(&mut self, _sig: libc::c_int) {}
+    fn signal(&mut self, _sig: libc::c_int) {}
 
     /// Terminates every process of the job now.
-    pub(super) fn stop(&mut self) {
+    fn stop(&mut self) {
         if let Some(job) = &self.job {
             job.terminate(STOPPED_CODE);
         }
     }
 
     /// Nothing is left outside the job.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn stop_what_is_left(&mut self, _grace: Duration) -> Option<libc::c_int> {
+    fn stop_what_is_left(&mut self, _grace: Duration) -> Option<libc::c_int> {
         None
     }
 
     /// No terminal is lent on Windows.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn take_back_terminal(&mut self) {}
+    fn take_back_terminal(&mut self) {}
 
     /// Nothing was started yet.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn quit(&mut self) {}
+    fn quit(&mut self) {}
 
     /// No keeper to tell.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn done(&mut self) {}
+    fn done(&mut self) {}
 
     /// No keeper to wait for.
-    #[allow(clippy::unused_self, reason = "the same functions as on Unix")]
-    pub(super) fn reap(&mut self) {}
+    fn reap(&mut self) {}
+}
+
+impl CmdTree {
+    fn spawn_in(
+        &self,
+        job: &Job,
+        token: &str,
+        fence: u64,
+        others_since: Option<bool>,
+    ) -> std::result::Result<Child, String> {
+        use windows_sys::Win32::System::Threading::CREATE_SUSPENDED;
+        let mut command = std::process::Command::new(&self.program);
+        command.args(self.cmd.iter().skip(1));
+        lease_env(&mut command, token, fence, others_since);
+        signals::restore_in_child(&mut command);
+        let mut child = command
+            .creation_flags(CREATE_SUSPENDED)
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot run {}: {e}; check the command (the lock was released)",
+                    self.program.display()
+                )
+            })?;
+        let fail = |child: &mut Child, what: String| {
+            let _ = child.kill();
+            let _ = child.wait();
+            format!("{what}; the command was not run (the lock was released)")
+        };
+        if let Err(e) = job.assign(&child) {
+            return Err(fail(
+                &mut child,
+                format!("cannot put the command into its Job Object ({e})"),
+            ));
+        }
+        if let Err(e) = resume(child.id()) {
+            return Err(fail(&mut child, format!("cannot resume the command ({e})")));
+        }
+        Ok(child)
+    }
+}
+
+/// `CreateProcess`'s rules: a name with a path separator as given, else
+/// the first file of that name on PATH (empty entries skipped), trying
+/// each PATHEXT extension when it has none.
+pub(super) struct Exec;
+
+impl Rules for Exec {
+    const SEPARATORS: &'static [u8] = b"/\\:";
+    const DEFAULT_PATH: &'static str = r"C:\Windows\System32";
+    const EMPTY_ENTRY: Option<&'static str> = None;
+    const NOT_FOUND: &'static str = "no file of that name";
+    const ON_PATH: &'static str = " on PATH (with PATHEXT)";
+    const CHECK: &'static str = "check the command name and PATH";
+
+    /// `candidate` when it has an extension and is a file, else the first
+    /// file of its name with a PATHEXT extension added.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "PATHEXT is how Windows itself names what it runs; PATH comes from the settings"
+    )]
+    fn runnable(candidate: PathBuf) -> Option<PathBuf> {
+        if candidate.extension().is_some() && candidate.is_file() {
+            return Some(candidate);
+        }
+        std::env::var_os("PATHEXT")
+            .and_then(|p| p.into_string().ok())
+            .unwrap_or_else(|| ".COM;.EXE;.BAT;.CMD".into())
+            .split(';')
+            .filter(|e| !e.is_empty())
+            .find_map(|e| {
+                let mut with = candidate.clone().into_os_string();
+                with.push(e);
+                let with = PathBuf::from(with);
+                with.is_file().then_some(with)
+            })
+    }
 }
 
 /// Terminates what is left in the job until none of it is (again every
@@ -245,75 +249,6 @@ fn empty_job(job: &Job) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// CMD's code (a code above 255 is reported as 1, never as a success
-/// modulo 256), or the console event that ended it (the last one the
-/// wrapper saw; Ctrl-C when it saw none).
-pub(super) fn ended(
-    status: ExitStatus,
-    last_signal: Option<libc::c_int>,
-) -> (Option<u8>, Option<libc::c_int>) {
-    let code = status.code().map(|c| u32::from_ne_bytes(c.to_ne_bytes()));
-    match code {
-        Some(STATUS_CONTROL_C_EXIT) => (None, Some(last_signal.unwrap_or(SIGINT))),
-        Some(c) => (Some(u8::try_from(c).unwrap_or(1)), None),
-        None => (None, None),
-    }
-}
-
-/// Finds CMD's program as `CreateProcess` would: a name with a path
-/// separator as given, else the first file of that name on PATH, trying
-/// each PATHEXT extension when it has none, so that a command that cannot
-/// be started is an error before the lock is touched.
-///
-/// # Errors
-/// [`Error::Usage`] when there is no command, or it is not found.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "PATHEXT is how Windows itself names what it runs; PATH comes from the settings"
-)]
-pub(crate) fn resolve(cmd: &[OsString], path: Option<&std::ffi::OsStr>) -> Result<PathBuf> {
-    let Some(program) = cmd.first() else {
-        return Err(Error::Usage("run needs a command after --".into()));
-    };
-    let name = Path::new(program);
-    let exts: Vec<String> = std::env::var_os("PATHEXT")
-        .and_then(|p| p.into_string().ok())
-        .unwrap_or_else(|| ".COM;.EXE;.BAT;.CMD".into())
-        .split(';')
-        .filter(|e| !e.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let try_in = |candidate: PathBuf| -> Option<PathBuf> {
-        if candidate.extension().is_some() && candidate.is_file() {
-            return Some(candidate);
-        }
-        exts.iter().find_map(|e| {
-            let mut with = candidate.clone().into_os_string();
-            with.push(e);
-            let with = PathBuf::from(with);
-            with.is_file().then_some(with)
-        })
-    };
-    let bytes = program.as_encoded_bytes();
-    let found = if program.is_empty() {
-        None
-    } else if bytes.iter().any(|b| b"/\\:".contains(b)) {
-        try_in(name.to_path_buf())
-    } else {
-        let path = path.unwrap_or_else(|| std::ffi::OsStr::new(r"C:\Windows\System32"));
-        std::env::split_paths(path)
-            .filter(|dir| !dir.as_os_str().is_empty())
-            .find_map(|dir| try_in(dir.join(name)))
-    };
-    found.ok_or_else(|| {
-        Error::Usage(format!(
-            "cannot run {:?}: no file of that name{}; check the command name and PATH (nothing was locked)",
-            program.to_string_lossy(),
-            if name.components().count() > 1 { "" } else { " on PATH (with PATHEXT)" },
-        ))
-    })
 }
 
 /// Resumes the threads of the suspended process `pid` (its one main thread).

@@ -3,26 +3,29 @@
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 
-/// Quotes `s` for a POSIX shell (left bare when it only has safe
-/// characters); see [`quote_os`].
-#[must_use]
-pub(crate) fn quote(s: &str) -> String {
-    quote_bytes(s.as_bytes())
-}
+/// POSIX sh.
+pub(super) struct Os;
 
-/// Quotes `s`, whatever its bytes, for a POSIX shell, as one word on one
-/// line of text that a terminal only displays: printable text in single
-/// quotes; bytes that are not UTF-8, and characters a terminal would act
-/// on ([`crate::visible::is_unsafe`]: controls, newlines, bidi overrides),
-/// as `"$(printf '\NNN')"`, octal escapes that any POSIX `printf` turns
-/// back into the same bytes. (A command substitution drops the newlines
-/// that end it, so such a run takes the next character with it; a word
-/// that ends in a newline loses it, which a caller naming a directory
-/// avoids by ending it with `/`.)
-#[must_use]
-pub(crate) fn quote_os(s: &OsStr) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    quote_bytes(s.as_bytes())
+impl super::Platform for Os {
+    /// Quotes `s` for a POSIX shell (left bare when it only has safe
+    /// characters); see `quote_os`.
+    fn quote(s: &str) -> String {
+        quote_bytes(s.as_bytes())
+    }
+
+    /// Quotes `s`, whatever its bytes, for a POSIX shell, as one word on one
+    /// line of text that a terminal only displays: printable text in single
+    /// quotes; bytes that are not UTF-8, and characters a terminal would act
+    /// on ([`crate::visible::is_unsafe`]: controls, newlines, bidi overrides),
+    /// as `"$(printf '\NNN')"`, octal escapes that any POSIX `printf` turns
+    /// back into the same bytes. (A command substitution drops the newlines
+    /// that end it, so such a run takes the next character with it; a word
+    /// that ends in a newline loses it, which a caller naming a directory
+    /// avoids by ending it with `/`.)
+    fn quote_os(s: &OsStr) -> String {
+        use std::os::unix::ffi::OsStrExt;
+        quote_bytes(s.as_bytes())
+    }
 }
 
 fn quote_bytes(b: &[u8]) -> String {
@@ -103,8 +106,9 @@ impl Word {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::shell::{quote, quote_os};
     use proptest::prelude::*;
+    use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
 
     /// What `sh` makes of `word`: the bytes of its one argument.

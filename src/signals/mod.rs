@@ -7,18 +7,71 @@
 //! [`Signals::listen`] starts the one thread that takes them one by one and
 //! hands them over a channel, so the `--wait` loop and the supervisor wait
 //! for "a signal, or this much time" with `recv_timeout` (portable: macOS
-//! has no `sigtimedwait`). What differs by platform, taking one signal and
-//! naming it, is in `unix.rs` and `windows.rs`; Unix alone also signals a
-//! process group and unblocks the set in a child before exec (for the
-//! keeper: `unix::send_group`, `unix::unblock_in_child`), and Windows names
-//! its console events (`windows::SIGINT`, `SIGBREAK`, `SIGHUP`).
+//! has no `sigtimedwait`). [`restore_in_child`] gives them back to CMD at
+//! their defaults, and [`ended`] reads a process's end as a code or a
+//! signal. What differs by platform is the [`Platform`] trait, implemented
+//! in `unix.rs` and `windows.rs`: callers reach it only through the
+//! functions here.
 
+use std::process::{Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::Duration;
 
-per_os!(pub(crate));
+per_os!();
 
-pub(crate) use sys::{SIGTERM, block, name};
+use sys::Os;
+
+/// What each platform provides, checked by the compiler on both.
+trait Platform {
+    /// What a lost lease stops the command with.
+    const SIGTERM: libc::c_int;
+    /// Takes the signals over in this thread and every later one.
+    fn block();
+    /// Waits for one signal taken over (blocking the calling thread).
+    fn wait_one() -> Option<libc::c_int>;
+    /// The name of a signal taken over, for messages.
+    fn name(sig: libc::c_int) -> &'static str;
+    /// Readies `cmd` so that the child gets the signals back at their
+    /// defaults.
+    fn restore_in_child(cmd: &mut Command);
+    /// A process's code (one byte, never a success where it failed), or
+    /// the signal that ended it; `last_signal` is the last one `run` took.
+    fn ended(
+        status: ExitStatus,
+        last_signal: Option<libc::c_int>,
+    ) -> (Option<u8>, Option<libc::c_int>);
+}
+
+/// Terminate; what a lost lease stops the command with.
+pub(crate) const SIGTERM: libc::c_int = Os::SIGTERM;
+
+/// Takes the signals over: call before any other thread exists.
+pub(crate) fn block() {
+    Os::block();
+}
+
+/// The name of a signal (console event), for messages.
+#[must_use]
+pub(crate) fn name(sig: libc::c_int) -> &'static str {
+    Os::name(sig)
+}
+
+/// Readies `cmd` so that the process it starts gets the signals back at
+/// their defaults (Unix: unblocked between fork and exec, since a child
+/// inherits the blocked mask; Windows: a console handler is not inherited).
+pub(crate) fn restore_in_child(cmd: &mut Command) {
+    Os::restore_in_child(cmd);
+}
+
+/// CMD's exit code, or the signal (console event) that ended it; what a
+/// process's end means for `run`'s exit status.
+#[must_use]
+pub(crate) fn ended(
+    status: ExitStatus,
+    last_signal: Option<libc::c_int>,
+) -> (Option<u8>, Option<libc::c_int>) {
+    Os::ended(status, last_signal)
+}
 
 /// The receiving end of the signals taken by the listening thread.
 #[derive(Debug)]
@@ -32,7 +85,7 @@ impl Signals {
     pub(crate) fn listen() -> Self {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            while let Some(sig) = sys::wait_one() {
+            while let Some(sig) = Os::wait_one() {
                 if tx.send(sig).is_err() {
                     return;
                 }

@@ -1,7 +1,7 @@
 //! Windows: the console control events, in the place of SIGINT, SIGTERM
 //! and SIGHUP (SPEC §2.7, §10).
 //!
-//! [`block`] installs one `SetConsoleCtrlHandler` routine that queues each
+//! [`super::block`] installs one `SetConsoleCtrlHandler` routine that queues each
 //! event as the signal number it stands for and tells Windows it was
 //! handled (so the wrapper lives on to stop its command and release). The
 //! mapping, reported as 128+number like a Unix signal:
@@ -17,6 +17,7 @@
 //! Windows; nothing needs forwarding.
 
 use std::collections::VecDeque;
+use std::process::{Command, ExitStatus};
 use std::sync::{Condvar, Mutex};
 
 use windows_sys::Win32::System::Console::{
@@ -25,13 +26,14 @@ use windows_sys::Win32::System::Console::{
 };
 
 /// Ctrl-C.
-pub(crate) const SIGINT: libc::c_int = 2;
+const SIGINT: libc::c_int = 2;
 /// Ctrl-Break (the C runtime's SIGBREAK).
-pub(crate) const SIGBREAK: libc::c_int = 21;
+const SIGBREAK: libc::c_int = 21;
 /// The console closed, logoff, shutdown.
-pub(crate) const SIGHUP: libc::c_int = 1;
-/// What a lost lease stops the command with (reported as 128+15).
-pub(crate) const SIGTERM: libc::c_int = 15;
+const SIGHUP: libc::c_int = 1;
+
+/// The exit code of a process ended by Ctrl-C or Ctrl-Break.
+const STATUS_CONTROL_C_EXIT: u32 = 0xC000_013A;
 
 static QUEUE: Mutex<VecDeque<libc::c_int>> = Mutex::new(VecDeque::new());
 static ARRIVED: Condvar = Condvar::new();
@@ -50,33 +52,58 @@ unsafe extern "system" fn on_event(event: u32) -> windows_sys::core::BOOL {
     1
 }
 
-/// Installs the handler: from now on the events are queued, not fatal.
-pub(crate) fn block() {
-    // SAFETY: a valid handler routine for the life of the process.
-    unsafe {
-        SetConsoleCtrlHandler(Some(on_event), 1);
-    }
-}
+/// Windows's console events.
+pub(super) struct Os;
 
-/// Waits for one queued event (blocking the calling thread).
-pub(super) fn wait_one() -> Option<libc::c_int> {
-    let mut q = QUEUE.lock().ok()?;
-    loop {
-        if let Some(sig) = q.pop_front() {
-            return Some(sig);
+impl super::Platform for Os {
+    /// Reported as 128+15, as on Unix.
+    const SIGTERM: libc::c_int = 15;
+
+    /// Installs the handler: from now on the events are queued, not fatal.
+    fn block() {
+        // SAFETY: a valid handler routine for the life of the process.
+        unsafe {
+            SetConsoleCtrlHandler(Some(on_event), 1);
         }
-        q = ARRIVED.wait(q).ok()?;
     }
-}
 
-/// The name of an event's signal, for messages.
-#[must_use]
-pub(crate) fn name(sig: libc::c_int) -> &'static str {
-    match sig {
-        SIGINT => "SIGINT (Ctrl-C)",
-        SIGBREAK => "SIGBREAK (Ctrl-Break)",
-        SIGHUP => "SIGHUP (console closed)",
-        SIGTERM => "SIGTERM",
-        _ => "a signal",
+    /// Waits for one queued event.
+    fn wait_one() -> Option<libc::c_int> {
+        let mut q = QUEUE.lock().ok()?;
+        loop {
+            if let Some(sig) = q.pop_front() {
+                return Some(sig);
+            }
+            q = ARRIVED.wait(q).ok()?;
+        }
+    }
+
+    fn name(sig: libc::c_int) -> &'static str {
+        match sig {
+            SIGINT => "SIGINT (Ctrl-C)",
+            SIGBREAK => "SIGBREAK (Ctrl-Break)",
+            SIGHUP => "SIGHUP (console closed)",
+            Self::SIGTERM => "SIGTERM",
+            _ => "a signal",
+        }
+    }
+
+    /// Nothing to restore: a console handler is not inherited, and the
+    /// child shares the console (it gets every event from Windows itself).
+    fn restore_in_child(_cmd: &mut Command) {}
+
+    /// The code (one above 255 is reported as 1, never as a success
+    /// modulo 256), or the console event that ended the process (the last
+    /// one `run` saw; Ctrl-C when it saw none).
+    fn ended(
+        status: ExitStatus,
+        last_signal: Option<libc::c_int>,
+    ) -> (Option<u8>, Option<libc::c_int>) {
+        let code = status.code().map(|c| u32::from_ne_bytes(c.to_ne_bytes()));
+        match code {
+            Some(STATUS_CONTROL_C_EXIT) => (None, Some(last_signal.unwrap_or(SIGINT))),
+            Some(c) => (Some(u8::try_from(c).unwrap_or(1)), None),
+            None => (None, None),
+        }
     }
 }

@@ -6,34 +6,161 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
+use super::System;
 use crate::liveness::Origin;
 
 /// Inode of the initial pid namespace (`PROC_PID_INIT_INO`).
 const INIT_PID_NS: u64 = 0xEFFF_FFFC;
 
+/// Linux's answers.
+pub(super) struct Linux;
+
+impl super::System for Linux {
+    fn origin() -> Origin {
+        let pid_ns = ns_inode("pid");
+        Origin {
+            machine: certain_machine(pid_ns),
+            pid_ns_start: pid_ns_start(),
+            boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|id| id.trim().to_owned())
+                .filter(|id| !id.is_empty()),
+            pid_ns,
+            time_ns: ns_inode("time"),
+        }
+    }
+
+    /// The initial pid namespace is never freed, so its inode alone names it.
+    fn initial_pid_ns(pid_ns: Option<u64>) -> bool {
+        pid_ns == Some(INIT_PID_NS)
+    }
+
+    /// `CLOCK_BOOTTIME`.
+    fn boot_ms() -> Option<u64> {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid timespec to write into.
+        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) } != 0 {
+            return None;
+        }
+        u64::try_from(ts.tv_sec)
+            .ok()?
+            .checked_mul(1000)?
+            .checked_add(u64::try_from(ts.tv_nsec).ok()? / 1_000_000)
+    }
+
+    /// Field 22 of `/proc/<pid>/stat`: start time in clock ticks after boot
+    /// (`None` when `/proc` is another namespace's, whose `<pid>` is another process).
+    fn process_start(pid: u32) -> Option<u64> {
+        if !proc_is_ours() {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name (field 2) may hold spaces and ')': skip past the last ')'.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        rest.split_whitespace().nth(19)?.parse().ok()
+    }
+
+    /// Scans `/proc` for a member of group `pgid` that is not a zombie.
+    /// `Some(false)`: members seen, all zombies; `None`: no member visible
+    /// (`/proc` mounted with `hidepid`, say, or another namespace's `/proc`),
+    /// so the caller decides by `kill`.
+    fn group_has_running_member(pgid: u32) -> Option<bool> {
+        if !proc_is_ours() {
+            return None;
+        }
+        let mut zombies = false;
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let name = entry.file_name();
+            if !name
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // After the last ')': state, ppid, pgrp, ...
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let mut fields = rest.split_whitespace();
+            let (Some(state), Some(_ppid), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            if pgrp.parse::<u32>().ok() != Some(pgid) {
+                continue;
+            }
+            if state == "Z" || state == "X" {
+                zombies = true;
+            } else {
+                return Some(true);
+            }
+        }
+        zombies.then_some(false)
+    }
+
+    /// Every process below `root` (by parent links, which on Linux end at the
+    /// nearest child subreaper: a process that `setsid()`s or double-forks is
+    /// re-parented to `root` when `root` is one) and every member of the
+    /// process group `root` leads, `root` itself excluded; `None` when `/proc`
+    /// cannot be read. One pass over `/proc/*/stat`: a process that forks
+    /// during the pass may be missed, so callers that must stop everything
+    /// repeat until nothing is left.
+    fn tree(root: u32) -> Option<Vec<u32>> {
+        use std::collections::HashMap;
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let mut fields = rest.split_whitespace().skip(1);
+            let (Some(parent), Some(pgrp)) = (
+                fields.next().and_then(|f| f.parse::<u32>().ok()),
+                fields.next().and_then(|f| f.parse::<u32>().ok()),
+            ) else {
+                continue;
+            };
+            children.entry(parent).or_default().push(pid);
+            if pgrp == root && pid != root {
+                found.push(pid);
+            }
+        }
+        let mut seen: std::collections::HashSet<u32> = found.iter().copied().collect();
+        let mut todo = vec![root];
+        todo.extend(found.iter().copied());
+        while let Some(parent) = todo.pop() {
+            for &child in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+                if child != root && seen.insert(child) {
+                    found.push(child);
+                    todo.push(child);
+                }
+            }
+        }
+        found.sort_unstable();
+        Some(found)
+    }
+}
+
 fn ns_inode(kind: &str) -> Option<u64> {
     std::fs::metadata(format!("/proc/self/ns/{kind}"))
         .ok()
         .map(|m| m.ino())
-}
-
-pub(in crate::liveness) fn origin() -> Origin {
-    let pid_ns = ns_inode("pid");
-    Origin {
-        machine: certain_machine(pid_ns),
-        pid_ns_start: pid_ns_start(),
-        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .ok()
-            .map(|id| id.trim().to_owned())
-            .filter(|id| !id.is_empty()),
-        pid_ns,
-        time_ns: ns_inode("time"),
-    }
-}
-
-/// The initial pid namespace is never freed, so its inode alone names it.
-pub(in crate::liveness) fn initial_pid_ns(pid_ns: Option<u64>) -> bool {
-    pid_ns == Some(INIT_PID_NS)
 }
 
 /// Is `/proc` this pid namespace's own? Its `/proc/self/status` then lists
@@ -55,7 +182,7 @@ fn proc_is_ours() -> bool {
 
 /// Start time of this pid namespace's init (its pid 1), when `/proc` is ours.
 fn pid_ns_start() -> Option<u64> {
-    process_start(1)
+    Linux::process_start(1)
 }
 
 fn machine_id_at(path: &str) -> Option<String> {
@@ -85,124 +212,4 @@ fn certain_machine(pid_ns: Option<u64>) -> Option<String> {
     }
     let digest = Sha256::digest(format!("skill-lock machine {id}").as_bytes());
     Some(crate::record::hex(&digest[..16]))
-}
-
-pub(in crate::liveness) fn boot_ms() -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write into.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) } != 0 {
-        return None;
-    }
-    u64::try_from(ts.tv_sec)
-        .ok()?
-        .checked_mul(1000)?
-        .checked_add(u64::try_from(ts.tv_nsec).ok()? / 1_000_000)
-}
-
-/// Field 22 of `/proc/<pid>/stat`: start time in clock ticks after boot
-/// (`None` when `/proc` is another namespace's, whose `<pid>` is another process).
-pub(in crate::liveness) fn process_start(pid: u32) -> Option<u64> {
-    if !proc_is_ours() {
-        return None;
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and ')': skip past the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Scans `/proc` for a member of group `pgid` that is not a zombie.
-/// `Some(false)`: members seen, all zombies; `None`: no member visible
-/// (`/proc` mounted with `hidepid`, say, or another namespace's `/proc`),
-/// so the caller decides by `kill`.
-pub(in crate::liveness) fn group_has_running_member(pgid: u32) -> Option<bool> {
-    if !proc_is_ours() {
-        return None;
-    }
-    let mut zombies = false;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let name = entry.file_name();
-        if !name
-            .to_str()
-            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // After the last ')': state, ppid, pgrp, ...
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let (Some(state), Some(_ppid), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        if pgrp.parse::<u32>().ok() != Some(pgid) {
-            continue;
-        }
-        if state == "Z" || state == "X" {
-            zombies = true;
-        } else {
-            return Some(true);
-        }
-    }
-    zombies.then_some(false)
-}
-
-/// Every process below `root` (by parent links, which on Linux end at the
-/// nearest child subreaper: a process that `setsid()`s or double-forks is
-/// re-parented to `root` when `root` is one) and every member of the
-/// process group `root` leads, `root` itself excluded; `None` when `/proc`
-/// cannot be read. One pass over `/proc/*/stat`: a process that forks
-/// during the pass may be missed, so callers that must stop everything
-/// repeat until nothing is left.
-pub(in crate::liveness) fn tree(root: u32) -> Option<Vec<u32>> {
-    use std::collections::HashMap;
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace().skip(1);
-        let (Some(parent), Some(pgrp)) = (
-            fields.next().and_then(|f| f.parse::<u32>().ok()),
-            fields.next().and_then(|f| f.parse::<u32>().ok()),
-        ) else {
-            continue;
-        };
-        children.entry(parent).or_default().push(pid);
-        if pgrp == root && pid != root {
-            found.push(pid);
-        }
-    }
-    let mut seen: std::collections::HashSet<u32> = found.iter().copied().collect();
-    let mut todo = vec![root];
-    todo.extend(found.iter().copied());
-    while let Some(parent) = todo.pop() {
-        for &child in children.get(&parent).map_or(&[][..], Vec::as_slice) {
-            if child != root && seen.insert(child) {
-                found.push(child);
-                todo.push(child);
-            }
-        }
-    }
-    found.sort_unstable();
-    Some(found)
 }

@@ -5,29 +5,34 @@
 
 use crate::liveness::Origin;
 
-pub(in crate::liveness) fn origin() -> Origin {
-    Origin::default()
-}
+/// Another Unix's answers.
+pub(super) struct Other;
 
-/// No pid namespaces here.
-pub(in crate::liveness) fn initial_pid_ns(_pid_ns: Option<u64>) -> bool {
-    false
-}
+impl super::System for Other {
+    fn origin() -> Origin {
+        Origin::default()
+    }
 
-pub(in crate::liveness) fn boot_ms() -> Option<u64> {
-    None
-}
+    /// No pid namespaces here.
+    fn initial_pid_ns(_pid_ns: Option<u64>) -> bool {
+        false
+    }
 
-pub(in crate::liveness) fn process_start(_pid: u32) -> Option<u64> {
-    None
-}
+    fn boot_ms() -> Option<u64> {
+        None
+    }
 
-/// No portable way to list a group's members: `kill(-pgid, 0)` alone decides.
-pub(in crate::liveness) fn group_has_running_member(_pgid: u32) -> Option<bool> {
-    None
-}
+    fn process_start(_pid: u32) -> Option<u64> {
+        None
+    }
 
-/// No portable way to list processes: the caller signals the group instead.
-pub(in crate::liveness) fn tree(_root: u32) -> Option<Vec<u32>> {
-    None
+    /// No portable way to list a group's members: `kill(-pgid, 0)` alone decides.
+    fn group_has_running_member(_pgid: u32) -> Option<bool> {
+        None
+    }
+
+    /// No portable way to list processes: the caller signals the group instead.
+    fn tree(_root: u32) -> Option<Vec<u32>> {
+        None
+    }
 }
