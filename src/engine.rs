@@ -13,9 +13,7 @@ use crate::key::LockKey;
 use crate::lease::{self, StaleReason, Verdict};
 use crate::liveness::{self, Origin};
 use crate::record::{FORMAT, Holder, NewRecord, NoFence, OwnerRecord, hash_token, new_token};
-use crate::store::{
-    Acquisition, Committed, Current, Decision, Draft, Renewal, Replaces, Store, Terms,
-};
+use crate::store::{Acquisition, Committed, Current, Decision, Draft, Renewal, Store, Terms};
 
 pub use crate::clock::Clock;
 
@@ -318,11 +316,11 @@ impl Acquirer<'_> {
             ctx,
             Some(&record.holder),
         ));
-        let (replaces, then) = match judge(current, &ctx.now) {
+        let (took_over, then) = match judge(current, &ctx.now) {
             State::Held { holder, expires_in } => {
                 return Decision::keep(Acquire::AlreadyRunning { holder, expires_in });
             }
-            State::Free => (Replaces::Nothing, None),
+            State::Free => (None, None),
             State::Stale { reason, holder, .. } => {
                 let mut took_over = event::<u64>(EventKind::TookOver, self.key, ctx, None);
                 took_over.reason = Some(reason.as_str().to_owned());
@@ -330,17 +328,12 @@ impl Acquirer<'_> {
                 took_over.owner_pid = self.req.owner_pid;
                 took_over.note.clone_from(&self.req.note);
                 (
-                    Replaces::Stale(Draft::new(took_over)),
+                    Some(Draft::new(took_over)),
                     Some(TookOver { reason, holder }),
                 )
             }
         };
-        Decision::Acquire(Acquisition {
-            record,
-            replaces,
-            acquired,
-            then,
-        })
+        Decision::Acquire(Acquisition::new(record, took_over, acquired, then))
     }
 }
 
@@ -669,7 +662,7 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-    use crate::store::{Listed, Place, Seen, Stamp, Written};
+    use crate::store::{Listed, Place, Seen};
 
     /// Something a test does between two steps of the engine.
     type Hook = Box<dyn FnOnce(&Memory)>;
@@ -736,15 +729,9 @@ mod tests {
                     let fence = fences.entry(name.clone()).or_insert(0);
                     let prior = Some(*fence).filter(|f| *f > 0);
                     *fence += 1;
-                    let events = acq.events(&Stamp::fence(*fence));
-                    let written = Written::acquired(acq.record, *fence, prior);
-                    (Committed::Wrote(acq.then, written), events)
+                    acq.finish(*fence, prior).committed()
                 }
-                Decision::Renew(renewal) => {
-                    let events = renewal.events(&renewal.stamp());
-                    let (then, written) = renewal.into_written();
-                    (Committed::Wrote(then, written), events)
-                }
+                Decision::Renew(renewal) => renewal.finish().committed(),
             };
             if let Committed::Wrote(_, written) = &committed {
                 self.put(key, Current::Held(Seen::recorded(written.record.clone())));
