@@ -20,7 +20,7 @@
 //!
 //! Invariants (argued in `docs/design.md`):
 //! - nothing in the layer is trusted: every file operation goes through the
-//!   directory handle ([`dir`]), which follows no link, opens only regular
+//!   directory handle (`dir/`), which follows no link, opens only regular
 //!   files and directories of the invoking user, bounds every read, and
 //!   touches nothing outside `P/run/`;
 //! - every change of a lock happens while its guard is held with `flock`, and
@@ -30,7 +30,7 @@
 //!   for without end;
 //! - under the guard, every part of the layout is re-created where missing,
 //!   and "no lock" is never confused with "no directory";
-//! - a reader is exact ([`read`]): it never reports a healthy lock corrupt;
+//! - a reader is exact (`read.rs`): it never reports a healthy lock corrupt;
 //! - a lock directory appears only by renaming a fully written directory into
 //!   place, a record is replaced (renew, takeover) only by renaming a fully
 //!   written file over it, and a lock disappears only by being renamed to a
@@ -47,6 +47,12 @@
 //!   published yet; a read creates nothing, not even the guard;
 //! - on a network file system, a record written by another machine is
 //!   refused (`store_unavailable`), since there `flock` is not coherent.
+//!
+//! The files: this one holds [`FileStore`] and its [`Store`] methods, a
+//! change being one decision applied under the lock's guard; `fence.rs` the
+//! fences (the next one, the latest one); `list.rs` the walk of `list`;
+//! `history.rs` the event history; `read.rs` the exact reader; `netfs.rs`
+//! the refusal on a network file system; `dir/` the directory handle.
 
 mod dir;
 mod fence;
