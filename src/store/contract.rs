@@ -16,6 +16,9 @@
 //! - an event about the lock a change writes is a [`Draft`], which only
 //!   [`Draft::complete`] turns into an [`Event`], from what the store wrote
 //!   ([`Stamp`]); nothing else edits an event the engine made.
+//! - a store that writes a record as decided finishes the change in one
+//!   call, [`Acquisition::finish`] or [`Renewal::finish`]: the outcome's
+//!   part, what was written and the completed events ([`Finished`]).
 
 use crate::history::Event;
 use crate::record::{Holder, NewRecord, OwnerRecord, Timestamp};

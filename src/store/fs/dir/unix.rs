@@ -8,13 +8,12 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
 use rustix::io::Errno;
 
 use super::{DirSys, Failed, Open, untrusted};
 use crate::error::{Error, Result};
 
-use rustix::fs::Stat;
 /// Positioned reads and writes (`pread`, `pwrite`), as on Windows.
 pub(in crate::store::fs) use std::os::unix::fs::FileExt;
 
@@ -62,20 +61,15 @@ fn give_to_invoker(fd: BorrowedFd<'_>) -> std::result::Result<(), Failed> {
 pub(in crate::store::fs) struct Platform;
 
 impl DirSys for Platform {
-    /// An open handle.
     type Owned = OwnedFd;
     /// A borrowed handle (for `fstatfs` and the like).
     type Handle<'a> = BorrowedFd<'a>;
     /// What `fstat` tells about an entry.
     type Stat = Stat;
 
-    /// What stands at a name that vanished before it could be looked at.
     const GONE: &'static str = "a symbolic link";
-    /// What refuses to be opened as a directory.
     const LINK: &'static str = "a symbolic link";
-    /// The command that removes a file, for messages.
     const REMOVE_FILE: &'static str = "rm";
-    /// The command that removes a tree, for messages.
     const REMOVE_TREE: &'static str = "rm -r";
 
     /// `s` quoted for the shell of the fixes in messages.

@@ -182,20 +182,15 @@ fn rename(h: BorrowedHandle<'_>, from: &OsStr, dest: BorrowedHandle<'_>, to: &Os
 pub(in crate::store::fs) struct Platform;
 
 impl DirSys for Platform {
-    /// An open handle.
     type Owned = OwnedHandle;
     /// A borrowed handle (for the network file system check).
     type Handle<'a> = BorrowedHandle<'a>;
     /// What `GetFileInformationByHandle` tells about an entry.
     type Stat = Stat;
 
-    /// What stands at a name that vanished before it could be looked at.
     const GONE: &'static str = "gone";
-    /// What refuses to be opened as a directory.
     const LINK: &'static str = "a link";
-    /// The command that removes a file, for messages.
     const REMOVE_FILE: &'static str = "Remove-Item";
-    /// The command that removes a tree, for messages.
     const REMOVE_TREE: &'static str = "Remove-Item -Recurse -Force";
 
     /// Quotes `s` for PowerShell (the fixes in messages are PowerShell lines).
