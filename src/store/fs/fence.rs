@@ -6,9 +6,9 @@
 
 use std::path::PathBuf;
 
-use super::dir::{Dir, Open};
-use super::read::RECORD;
-use super::{FileStore, Parts, history, lock_name};
+use super::dir::{Dir, Location, Open};
+use super::history;
+use super::read::{RECORD, lock_name};
 use crate::error::{Error, Result};
 use crate::flock::lock_bounded_as;
 use crate::key::{LockKey, is_digest_stem};
@@ -81,7 +81,18 @@ fn known_fence(keys: &Dir, run: &Dir, key: &LockKey, warn: bool) -> Result<u64> 
     Known::read(keys, run, key, warn).map(|k| k.newest())
 }
 
-impl Parts {
+/// The parts of `P/run/` the fences of one change live in, open under
+/// the lock's guard.
+pub(super) struct Fences<'a> {
+    /// `run/`, where the history is.
+    pub(super) run: &'a Dir,
+    /// `run/locks/`.
+    pub(super) locks: &'a Dir,
+    /// `run/keys/`, where the counters are.
+    pub(super) keys: &'a Dir,
+}
+
+impl Fences<'_> {
     /// The fence of the lock's latest acquisition as far as the store still
     /// knows (the counter, the record in place, `seen_fence`, and the newest
     /// fence of its history), and the next fence: one more (SPEC §7 "Fences
@@ -91,7 +102,7 @@ impl Parts {
     /// than wrap, naming each file that holds it and how to clear it (SPEC
     /// §5: planted state never leaves a lock with no way out).
     fn next_fence(&self, key: &LockKey, seen_fence: u64) -> Result<(u64, u64)> {
-        let known = Known::read(&self.keys, &self.run, key, true)?;
+        let known = Known::read(self.keys, self.run, key, true)?;
         let base = known.newest().max(seen_fence);
         let next = base
             .checked_add(1)
@@ -132,11 +143,7 @@ impl Parts {
     /// Takes the lock's next fence, written to the counter first, so the
     /// counter never falls behind a published fence: that fence, with the
     /// one it follows (`None`: the store knew of no acquisition).
-    pub(super) fn take_next_fence(
-        &self,
-        key: &LockKey,
-        seen_fence: u64,
-    ) -> Result<(u64, Option<u64>)> {
+    pub(super) fn take_next(&self, key: &LockKey, seen_fence: u64) -> Result<(u64, Option<u64>)> {
         let (prior, fence) = self.next_fence(key, seen_fence)?;
         let stem = key.file_stem();
         self.keys.replace(
@@ -156,32 +163,30 @@ impl Parts {
     }
 }
 
-impl FileStore {
-    /// The fence of the lock's latest acquisition, held or not (`None`: the
-    /// store knows of none), for [`crate::store::Store::last_fence`].
-    ///
-    /// Read under the lock's guard (shared), where an acquisition writes the
-    /// counter and then publishes its lock: a fence read here is never one
-    /// whose lock is not published yet. Creates nothing: with no guard file
-    /// (the lock was never changed in this layer, or `keys/` was removed by
-    /// hand) the history alone tells.
-    pub(super) fn latest_fence(&self, key: &LockKey) -> Result<Option<u64>> {
-        let Some(opened) = self.layer.open(false)? else {
-            return Ok(None);
-        };
-        let guard_name = format!("{}.guard", key.file_stem());
-        let keys = opened.run.dir("keys", false)?;
-        let guard = match &keys {
-            Some(keys) => keys.file(&guard_name, Open::Read)?,
-            None => None,
-        };
-        let known = match (&keys, guard) {
-            (Some(keys), Some(guard)) => {
-                lock_bounded_as(&guard, &keys.join(&guard_name), true)?;
-                known_fence(keys, &opened.run, key, false)?
-            }
-            _ => history::newest_fence(&opened.run, &key.name()).map_or(0, |(f, _)| f),
-        };
-        Ok(Some(known).filter(|f| *f > 0))
-    }
+/// The fence of the lock's latest acquisition, held or not (`None`: the
+/// store knows of none), for [`crate::store::Store::last_fence`].
+///
+/// Read under the lock's guard (shared), where an acquisition writes the
+/// counter and then publishes its lock: a fence read here is never one
+/// whose lock is not published yet. Creates nothing: with no guard file
+/// (the lock was never changed in this layer, or `keys/` was removed by
+/// hand) the history alone tells.
+pub(super) fn latest(layer: &Location, key: &LockKey) -> Result<Option<u64>> {
+    let Some(opened) = layer.open(false)? else {
+        return Ok(None);
+    };
+    let guard_name = format!("{}.guard", key.file_stem());
+    let keys = opened.run.dir("keys", false)?;
+    let guard = match &keys {
+        Some(keys) => keys.file(&guard_name, Open::Read)?,
+        None => None,
+    };
+    let known = match (&keys, guard) {
+        (Some(keys), Some(guard)) => {
+            lock_bounded_as(&guard, &keys.join(&guard_name), true)?;
+            known_fence(keys, &opened.run, key, false)?
+        }
+        _ => history::newest_fence(&opened.run, &key.name()).map_or(0, |(f, _)| f),
+    };
+    Ok(Some(known).filter(|f| *f > 0))
 }

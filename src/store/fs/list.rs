@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 
 use super::dir::Dir;
-use super::{FileStore, LOCK_SUFFIX, lock_name, read};
+use super::read::{self, LOCK_SUFFIX, lock_name};
 use crate::error::Result;
 use crate::key::{LockKey, is_digest_stem};
 use crate::store::{Current, Listed};
@@ -31,38 +31,39 @@ fn key_of_stem(locks: &Dir, keys: Option<&Dir>, stem: &str) -> Option<LockKey> {
     kept.and_then(this).or_else(|| recorded().and_then(this))
 }
 
-impl FileStore {
-    /// The locks, for [`crate::store::Store::visit_locks`]: sorts the lock
-    /// names first (each is its lowercase key), then reads and hands over
-    /// one record at a time; the number of tombstones left over.
-    pub(super) fn list(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
-        let Some((p, run, locks)) = self.open_locks()? else {
-            return Ok(0);
-        };
-        let keys_dir = run.dir("keys", false).ok().flatten();
-        let mut keys: Vec<LockKey> = locks
-            .names()?
-            .iter()
-            .filter_map(|n| n.to_str()?.strip_suffix(LOCK_SUFFIX))
-            // A key parsed from a name has the repo in lowercase already.
-            .filter_map(|stem| key_of_stem(&locks, keys_dir.as_ref(), stem))
-            .collect();
-        keys.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
-        for key in keys {
-            let name = lock_name(&key);
-            let current = read::lock_dir(&locks, &name)?;
-            self.check_coherent(&p, &current)?;
-            if current != Current::Free {
-                visit(Listed::new(
-                    key,
-                    locks.join(&name).display().to_string(),
-                    current,
-                ))?;
-            }
+/// The locks of `locks` (in `run`), for [`crate::store::Store::visit_locks`]:
+/// sorts the lock names first (each is its lowercase key), then reads each,
+/// lets `check` refuse it, and hands it to `visit`, one at a time; the
+/// number of tombstones left over.
+pub(super) fn visit(
+    run: &Dir,
+    locks: &Dir,
+    check: &mut dyn FnMut(&Current) -> Result<()>,
+    visit: &mut dyn FnMut(Listed) -> Result<()>,
+) -> Result<usize> {
+    let keys_dir = run.dir("keys", false).ok().flatten();
+    let mut keys: Vec<LockKey> = locks
+        .names()?
+        .iter()
+        .filter_map(|n| n.to_str()?.strip_suffix(LOCK_SUFFIX))
+        // A key parsed from a name has the repo in lowercase already.
+        .filter_map(|stem| key_of_stem(locks, keys_dir.as_ref(), stem))
+        .collect();
+    keys.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
+    for key in keys {
+        let name = lock_name(&key);
+        let current = read::lock_dir(locks, &name)?;
+        check(&current)?;
+        if current != Current::Free {
+            visit(Listed::new(
+                key,
+                locks.join(&name).display().to_string(),
+                current,
+            ))?;
         }
-        Ok(match run.dir("tombs", false) {
-            Ok(Some(t)) => t.names().map_or(0, |n| n.len()),
-            _ => 0,
-        })
     }
+    Ok(match run.dir("tombs", false) {
+        Ok(Some(t)) => t.names().map_or(0, |n| n.len()),
+        _ => 0,
+    })
 }

@@ -48,11 +48,13 @@
 //! - on a network file system, a record written by another machine is
 //!   refused (`store_unavailable`), since there `flock` is not coherent.
 //!
-//! The files: this one holds [`FileStore`] and its [`Store`] methods, a
-//! change being one decision applied under the lock's guard; `fence.rs` the
-//! fences (the next one, the latest one); `list.rs` the walk of `list`;
-//! `history.rs` the event history; `read.rs` the exact reader; `netfs.rs`
-//! the refusal on a network file system; `dir/` the directory handle.
+//! The files, none of which calls back up into this one: this one holds
+//! [`FileStore`] and its [`Store`] methods, a change being one decision
+//! applied under the lock's guard; `fence.rs` the fences (the next one, the
+//! latest one); `list.rs` the walk of `list`; `history.rs` the event
+//! history; `read.rs` the exact reader and the names of a lock's files;
+//! `netfs.rs` the refusal on a network file system; `dir/` the directory
+//! handle, which all of them touch the layer through.
 
 mod dir;
 mod fence;
@@ -74,12 +76,11 @@ use crate::liveness::{self, Origin};
 use crate::record::{OwnerRecord, random_suffix};
 use crate::store::{Acquisition, Committed, Current, Decision, Listed, Place, Store};
 use dir::{Dir, Open};
+use fence::Fences;
 use netfs::refuse_foreign;
-use read::RECORD;
+use read::{RECORD, lock_name};
 
 pub(crate) use dir::Location;
-
-const LOCK_SUFFIX: &str = ".lock";
 
 /// The file store rooted at a personal layer (or at a `file:DIR`).
 #[derive(Debug, Clone)]
@@ -96,10 +97,6 @@ struct Parts {
     keys: Dir,
     tmp: Dir,
     tombs: Dir,
-}
-
-fn lock_name(key: &LockKey) -> OsString {
-    OsString::from(format!("{}{LOCK_SUFFIX}", key.file_stem()))
 }
 
 impl FileStore {
@@ -309,7 +306,12 @@ impl Parts {
         buried: &mut bool,
     ) -> Result<(u64, Option<u64>)> {
         let seen_fence = current.record().map_or(0, |r| r.holder.fence);
-        let (fence, prior) = self.take_next_fence(key, seen_fence)?;
+        let fences = Fences {
+            run: &self.run,
+            locks: &self.locks,
+            keys: &self.keys,
+        };
+        let (fence, prior) = fences.take_next(key, seen_fence)?;
         let record = acq.record.clone().fenced(fence);
         match current {
             Current::Held(_) if acq.takes_over() => self.replace_record(key, &record)?,
@@ -372,7 +374,7 @@ impl Store for FileStore {
     }
 
     fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
-        self.latest_fence(key)
+        fence::latest(&self.layer, key)
     }
 
     fn update<K, W>(
@@ -398,8 +400,13 @@ impl Store for FileStore {
         Ok(committed)
     }
 
+    /// Sorts the lock names first (each is its lowercase key), then reads
+    /// and hands over one record at a time.
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
-        self.list(visit)
+        let Some((p, run, locks)) = self.open_locks()? else {
+            return Ok(0);
+        };
+        list::visit(&run, &locks, &mut |c| self.check_coherent(&p, c), visit)
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {

@@ -10,18 +10,26 @@
 //! reader looks again. Anything that is not a directory holding a regular
 //! file is `corrupt`, never followed and never waited on.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 
 use super::dir::{Dir, Misfit, Open, read_bounded};
 use crate::error::{Error, Result};
+use crate::key::LockKey;
 use crate::record::{MAX_RECORD_BYTES, OwnerRecord};
 use crate::store::{Current, Seen};
 
 /// The record's name inside a lock directory.
 pub(super) const RECORD: &str = "owner.json";
+/// What ends the name of a lock directory, `locks/<stem>.lock`.
+pub(super) const LOCK_SUFFIX: &str = ".lock";
 /// How often a reader looks again when the lock changed under it.
 const MAX_LOOKS: u32 = 1000;
+
+/// The name of `key`'s lock directory in `locks/`.
+pub(super) fn lock_name(key: &LockKey) -> OsString {
+    OsString::from(format!("{}{LOCK_SUFFIX}", key.file_stem()))
+}
 
 fn not_a(dir: &Dir, name: &OsStr, what: &str) -> Current {
     Current::Corrupt(format!("{} is not a {what}", dir.join(name).display()))
