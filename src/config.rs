@@ -18,7 +18,7 @@ use crate::layer;
 use crate::root;
 use crate::store::AnyStore;
 use crate::store::fs::FileStore;
-use crate::store::fs::dir::Location;
+use crate::store::fs::Location;
 use crate::store::git::{GitConfig, GitStore};
 use crate::user_config::UserConfig;
 

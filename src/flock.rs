@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 /// The longest wait for another process's critical section (SPEC §7).
-pub const GUARD_WAIT: Duration = Duration::from_secs(10);
+const GUARD_WAIT: Duration = Duration::from_secs(10);
 
 /// Takes an exclusive `flock` on `file`, waiting at most [`GUARD_WAIT`].
 ///
@@ -22,7 +22,7 @@ pub const GUARD_WAIT: Duration = Duration::from_secs(10);
 /// # Errors
 /// [`Error::StoreUnavailable`] naming the process that holds it, after 10 s;
 /// [`Error::Io`] when `flock` itself fails.
-pub fn lock_bounded(file: &File, path: &Path) -> Result<()> {
+pub(crate) fn lock_bounded(file: &File, path: &Path) -> Result<()> {
     lock_bounded_as(file, path, false)
 }
 
@@ -30,7 +30,7 @@ pub fn lock_bounded(file: &File, path: &Path) -> Result<()> {
 ///
 /// # Errors
 /// As [`lock_bounded`].
-pub fn lock_bounded_as(file: &File, path: &Path, shared: bool) -> Result<()> {
+pub(crate) fn lock_bounded_as(file: &File, path: &Path, shared: bool) -> Result<()> {
     let attempt = |f: &File| {
         if shared {
             f.try_lock_shared()

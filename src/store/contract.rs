@@ -16,6 +16,9 @@
 //! - an event about the lock a change writes is a [`Draft`], which only
 //!   [`Draft::complete`] turns into an [`Event`], from what the store wrote
 //!   ([`Stamp`]); nothing else edits an event the engine made.
+//! - a store that writes a record as decided finishes the change in one
+//!   call, [`Acquisition::finish`] or [`Renewal::finish`]: the outcome's
+//!   part, what was written and the completed events ([`Finished`]).
 
 use crate::history::Event;
 use crate::record::{Holder, NewRecord, OwnerRecord, Timestamp};
@@ -200,30 +203,32 @@ impl Stamp {
 pub struct Acquisition<W> {
     /// The record; the store assigns its fence.
     pub record: NewRecord,
-    /// What it replaces.
-    pub replaces: Replaces,
+    /// The `took_over` event of the stale or corrupt lock it takes over
+    /// (`None`: the lock was free, or this is a revival).
+    took_over: Option<Draft>,
+    /// For a revival, the fence of the lease it revives: the lock is
+    /// rewritten in place, as a takeover rewrites it, with a new fence.
+    revived: Option<u64>,
     /// The `acquired` event (for a revival, the `renewed` one).
-    pub acquired: Draft,
+    acquired: Draft,
     /// The part of the outcome that waits for what was written.
     pub then: W,
 }
 
-/// What an acquisition replaces.
-// One per decision, moved once: boxing would buy nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum Replaces {
-    /// Nothing: the lock was free.
-    Nothing,
-    /// A stale or corrupt lock, taken over; the `took_over` event.
-    Stale(Draft),
-    /// The same holder's own lease, revived by its renewal (SPEC §2.2):
-    /// the lock is rewritten in place, as a takeover rewrites it, with a
-    /// new fence; the fence it had.
-    Revived(u64),
-}
-
 impl<W> Acquisition<W> {
+    /// A new lease: `record` on a free lock, or over a stale or corrupt one
+    /// when `took_over` holds its `took_over` event; `acquired` the
+    /// `acquired` event.
+    pub fn new(record: NewRecord, took_over: Option<Draft>, acquired: Draft, then: W) -> Self {
+        Self {
+            record,
+            took_over,
+            revived: None,
+            acquired,
+            then,
+        }
+    }
+
     /// The revival of `held` by its own holder's renewal with `terms`
     /// (SPEC §2.2): the same record (token, owner, note, start) with the
     /// new terms and no fence, so that the store gives it a new one; `event`
@@ -238,7 +243,8 @@ impl<W> Acquisition<W> {
         let acquired = Draft::new(event(&renewed.holder));
         Self {
             record: renewed.unfenced(),
-            replaces: Replaces::Revived(held.holder.fence),
+            took_over: None,
+            revived: Some(held.holder.fence),
             acquired,
             then,
         }
@@ -248,7 +254,7 @@ impl<W> Acquisition<W> {
     /// or its own lease revived), rather than creating a free one.
     #[must_use]
     pub fn takes_over(&self) -> bool {
-        matches!(self.replaces, Replaces::Stale(_) | Replaces::Revived(_))
+        self.took_over.is_some() || self.revived.is_some()
     }
 
     /// For a revival, the fence of the lease it revives (the record it
@@ -256,31 +262,38 @@ impl<W> Acquisition<W> {
     /// by the token also needs this to tell it from the lease it replaced).
     #[must_use]
     pub fn revives(&self) -> Option<u64> {
-        match self.replaces {
-            Replaces::Revived(fence) => Some(fence),
-            Replaces::Nothing | Replaces::Stale(_) => None,
-        }
+        self.revived
     }
 
     /// Its events, in order, completed with what the store wrote.
     #[must_use]
     pub fn events(&self, stamp: &Stamp) -> Vec<Event> {
-        let took_over = match &self.replaces {
-            Replaces::Stale(draft) => Some(draft.clone()),
-            Replaces::Nothing | Replaces::Revived(_) => None,
-        };
-        took_over
-            .into_iter()
-            .chain([self.acquired.clone()])
-            .map(|d| d.complete(stamp))
+        self.took_over
+            .iter()
+            .chain([&self.acquired])
+            .map(|d| d.clone().complete(stamp))
             .collect()
+    }
+
+    /// Finishes the acquisition of a store that wrote its record as given
+    /// with `fence`, following `prior` (the fence of the lock's latest
+    /// acquisition before it, `None`: none known): the decision's part of
+    /// the outcome, what was written, and its events completed.
+    #[must_use]
+    pub fn finish(self, fence: u64, prior: Option<u64>) -> Finished<W> {
+        let events = self.events(&Stamp::fence(fence));
+        Finished {
+            then: self.then,
+            written: Written::acquired(self.record, fence, prior),
+            events,
+        }
     }
 
     /// The history of a takeover that removed the stale lock but could not
     /// publish the new one (`why`): exactly that, and nothing more.
     #[must_use]
     pub fn interrupted(&self, why: &str) -> Vec<Event> {
-        let Replaces::Stale(draft) = &self.replaces else {
+        let Some(draft) = &self.took_over else {
             return Vec::new();
         };
         let mut ev = draft.clone().complete(&Stamp {
@@ -292,6 +305,26 @@ impl<W> Acquisition<W> {
             ev.reason.as_deref().unwrap_or("stale")
         ));
         vec![ev]
+    }
+}
+
+/// A change that wrote a record, finished by the store that wrote it as
+/// the decision gave it ([`Acquisition::finish`], [`Renewal::finish`]).
+#[derive(Debug)]
+pub struct Finished<W> {
+    /// The decision's part of the outcome.
+    pub then: W,
+    /// What was written.
+    pub written: Written,
+    /// The change's history events, completed.
+    pub events: Vec<Event>,
+}
+
+impl<W> Finished<W> {
+    /// What the decision came to, and the events to append.
+    #[must_use]
+    pub fn committed<K>(self) -> (Committed<K, W>, Vec<Event>) {
+        (Committed::Wrote(self.then, self.written), self.events)
     }
 }
 
@@ -354,16 +387,17 @@ impl<W> Renewal<W> {
         &self.record
     }
 
-    /// The stamp of its events when the record is written as given.
+    /// Finishes the renewal of a store that wrote its record as given
+    /// (its fence the lock's): the decision's part of the outcome, what was
+    /// written, and its event completed.
     #[must_use]
-    pub fn stamp(&self) -> Stamp {
-        Stamp::fence(self.record.holder.fence)
-    }
-
-    /// What a store that writes the record as given wrote, with the part of
-    /// the outcome that waits for it.
-    pub fn into_written(self) -> (W, Written) {
-        (self.then, Written::renewed(self.record))
+    pub fn finish(self) -> Finished<W> {
+        let events = self.events(&Stamp::fence(self.record.holder.fence));
+        Finished {
+            then: self.then,
+            written: Written::renewed(self.record),
+            events,
+        }
     }
 
     /// Its event, completed with what the store wrote.

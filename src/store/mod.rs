@@ -20,8 +20,8 @@ pub mod fs;
 pub mod git;
 
 pub use contract::{
-    Acquisition, Committed, Current, Decision, Draft, EventFence, Identity, LeaseEnd, Listed,
-    Place, Renewal, Replaces, Seen, Stamp, Terms, Written,
+    Acquisition, Committed, Current, Decision, Draft, EventFence, Finished, Identity, LeaseEnd,
+    Listed, Place, Renewal, Seen, Stamp, Terms, Written,
 };
 
 use crate::error::Result;

@@ -941,7 +941,7 @@ mod planted {
     use skill_lock::history::Event;
     use skill_lock::key::LockKey;
     use skill_lock::lease::StaleReason;
-    use skill_lock::store::{Committed, Current, Decision, Listed, Place, Seen, Store, Written};
+    use skill_lock::store::{Committed, Current, Decision, Listed, Place, Seen, Store};
 
     /// Locks in memory; `cas: false` decides on a read and writes without
     /// checking that the lock is still as it read it (no compare-and-swap).
@@ -991,12 +991,9 @@ mod planted {
                 Decision::Keep(outcome, _) => Committed::Done(outcome),
                 Decision::Acquire(acq) => {
                     g.1 += 1;
-                    Committed::Wrote(acq.then, Written::acquired(acq.record, g.1, None))
+                    acq.finish(g.1, None).committed().0
                 }
-                Decision::Renew(renewal) => {
-                    let (then, written) = renewal.into_written();
-                    Committed::Wrote(then, written)
-                }
+                Decision::Renew(renewal) => renewal.finish().committed().0,
                 Decision::Delete(outcome, _) => {
                     g.0.remove(&name);
                     Committed::Done(outcome)

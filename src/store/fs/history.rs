@@ -30,12 +30,12 @@ use crate::history::Event;
 use crate::key::LockKey;
 
 /// Events per history file before it is rotated.
-pub const ROTATE_EVENTS: u64 = 10_000;
+const ROTATE_EVENTS: u64 = 10_000;
 /// The most bytes read from the end of one history file (two files of
 /// [`ROTATE_EVENTS`] events of at most one block each fit many times over).
-pub const READ_SPAN: u64 = 64 * 1024 * 1024;
+const READ_SPAN: u64 = 64 * 1024 * 1024;
 /// A longer line is no event of ours: it is skipped, never held in memory.
-pub const MAX_LINE: usize = 64 * 1024;
+const MAX_LINE: usize = 64 * 1024;
 
 const CURRENT: &str = "history.jsonl";
 const ROTATED: &str = "history.1.jsonl";
@@ -94,7 +94,7 @@ fn plan_appends(pos: u64, torn: bool, lines: &[Vec<u8>]) -> Vec<Vec<u8>> {
 /// # Errors
 /// I/O failure, or a planted file where the history belongs; callers
 /// report it and carry on (SPEC §2.8).
-pub fn append(run: &Dir, events: &[Event]) -> Result<()> {
+pub(super) fn append(run: &Dir, events: &[Event]) -> Result<()> {
     if events.is_empty() {
         return Ok(());
     }
@@ -216,7 +216,7 @@ fn for_each_line(
 ///
 /// # Errors
 /// I/O failure reading the files, or a planted file where one belongs.
-pub fn read(run: &Dir, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
+pub(super) fn read(run: &Dir, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
     let Some(guard) = run.file(GUARD, Open::Read)? else {
         return Ok(Vec::new());
     };
@@ -256,7 +256,7 @@ pub fn read(run: &Dir, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>
 ///
 /// # Errors
 /// I/O failure, or a planted file where one belongs.
-pub fn newest_fence(run: &Dir, name: &str) -> Result<(u64, Option<PathBuf>)> {
+pub(super) fn newest_fence(run: &Dir, name: &str) -> Result<(u64, Option<PathBuf>)> {
     let needle = format!("\"lock\":{}", serde_json::Value::from(name));
     let finder = memchr::memmem::Finder::new(needle.as_bytes());
     for file in [CURRENT, ROTATED] {

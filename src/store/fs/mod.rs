@@ -20,7 +20,7 @@
 //!
 //! Invariants (argued in `docs/design.md`):
 //! - nothing in the layer is trusted: every file operation goes through the
-//!   directory handle ([`dir`]), which follows no link, opens only regular
+//!   directory handle (`dir/`), which follows no link, opens only regular
 //!   files and directories of the invoking user, bounds every read, and
 //!   touches nothing outside `P/run/`;
 //! - every change of a lock happens while its guard is held with `flock`, and
@@ -30,7 +30,7 @@
 //!   for without end;
 //! - under the guard, every part of the layout is re-created where missing,
 //!   and "no lock" is never confused with "no directory";
-//! - a reader is exact ([`read`]): it never reports a healthy lock corrupt;
+//! - a reader is exact (`read.rs`): it never reports a healthy lock corrupt;
 //! - a lock directory appears only by renaming a fully written directory into
 //!   place, a record is replaced (renew, takeover) only by renaming a fully
 //!   written file over it, and a lock disappears only by being renamed to a
@@ -47,11 +47,21 @@
 //!   published yet; a read creates nothing, not even the guard;
 //! - on a network file system, a record written by another machine is
 //!   refused (`store_unavailable`), since there `flock` is not coherent.
+//!
+//! The files, none of which calls back up into this one: this one holds
+//! [`FileStore`] and its [`Store`] methods, a change being one decision
+//! applied under the lock's guard; `fence.rs` the fences (the next one, the
+//! latest one); `list.rs` the walk of `list`; `history.rs` the event
+//! history; `read.rs` the exact reader and the names of a lock's files;
+//! `netfs.rs` the refusal on a network file system; `dir/` the directory
+//! handle, which all of them touch the layer through.
 
-pub mod dir;
-pub mod history;
-pub mod netfs;
-pub mod read;
+mod dir;
+mod fence;
+mod history;
+mod list;
+mod netfs;
+mod read;
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -59,20 +69,18 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
+use crate::flock::lock_bounded;
 use crate::history::Event;
-use crate::key::{COMPONENT_MAX, LockKey, is_digest_stem};
+use crate::key::{COMPONENT_MAX, LockKey};
 use crate::liveness::{self, Origin};
-use crate::record::{NewRecord, OwnerRecord, random_suffix};
-use crate::store::{
-    Acquisition, Committed, Current, Decision, Listed, Place, Stamp, Store, Written,
-};
-use dir::{Dir, Location, Open};
-use read::RECORD;
+use crate::record::{OwnerRecord, random_suffix};
+use crate::store::{Acquisition, Committed, Current, Decision, Listed, Place, Store};
+use dir::{Dir, Open};
+use fence::Fences;
+use netfs::refuse_foreign;
+use read::{RECORD, lock_name};
 
-pub use crate::flock::{GUARD_WAIT, lock_bounded, lock_bounded_as};
-pub use netfs::{network_fs_name, refuse_foreign};
-
-const LOCK_SUFFIX: &str = ".lock";
+pub(crate) use dir::Location;
 
 /// The file store rooted at a personal layer (or at a `file:DIR`).
 #[derive(Debug, Clone)]
@@ -91,31 +99,6 @@ struct Parts {
     tombs: Dir,
 }
 
-fn lock_name(key: &LockKey) -> OsString {
-    OsString::from(format!("{}{LOCK_SUFFIX}", key.file_stem()))
-}
-
-/// The key whose lock is `locks/<stem>.lock`: parsed from the stem, or,
-/// for a digest stem, the name kept beside its guard (`keys/<stem>.name`)
-/// or in its record; either is believed only when it maps to this stem.
-fn key_of_stem(locks: &Dir, keys: Option<&Dir>, stem: &str) -> Option<LockKey> {
-    if !is_digest_stem(stem) {
-        return LockKey::from_name(stem).filter(|k| k.file_stem() == stem);
-    }
-    let kept = keys
-        .and_then(|k| k.read_small(format!("{stem}.name")).ok().flatten())
-        .and_then(|b| String::from_utf8(b).ok());
-    let recorded = || match read::lock_dir(locks, &OsString::from(format!("{stem}{LOCK_SUFFIX}"))) {
-        Ok(Current::Held(seen)) => {
-            let h = &seen.record.holder;
-            LockKey::new(&h.skill, &h.repo).ok().map(|k| k.name())
-        }
-        _ => None,
-    };
-    let this = |name: String| LockKey::from_name(name.trim()).filter(|k| k.file_stem() == stem);
-    kept.and_then(this).or_else(|| recorded().and_then(this))
-}
-
 impl FileStore {
     /// A file store whose personal layer (or explicit directory) is `base`,
     /// a directory the user named (links on the way to it are followed).
@@ -126,7 +109,7 @@ impl FileStore {
 
     /// The file store of a personal layer found by the rules of SPEC §5.
     #[must_use]
-    pub fn at(layer: Location) -> Self {
+    pub(crate) fn at(layer: Location) -> Self {
         Self {
             layer,
             network: OnceLock::new(),
@@ -218,146 +201,7 @@ impl FileStore {
     }
 }
 
-/// The fences the store knows of for `key` apart from its record: the
-/// counter (`keys/<name>.fence`) and the newest fence its history names
-/// (with the history file that names it). Read under the lock's guard, so
-/// no acquisition is half-way between writing the counter and publishing
-/// its lock.
-struct Known {
-    /// The counter (0: absent or damaged).
-    counter: u64,
-    /// The newest fence of the lock's history (0: none, or unreadable).
-    history: u64,
-    /// The history file that names it.
-    history_file: Option<PathBuf>,
-}
-
-impl Known {
-    /// A damaged counter (a power cut, a hand edit, something planted)
-    /// counts as none, and is reported when `warn` (it is about to be
-    /// rebuilt); the history is read best-effort.
-    fn read(keys: &Dir, run: &Dir, key: &LockKey, warn: bool) -> Result<Self> {
-        let name = format!("{}.fence", key.file_stem());
-        let counter = match keys.read_small(&name) {
-            Ok(Some(t)) => {
-                let parsed = std::str::from_utf8(&t)
-                    .ok()
-                    .and_then(|t| t.trim().parse::<u64>().ok());
-                if parsed.is_none() && warn {
-                    eprintln!(
-                        "skill-lock: warning: the fence counter {} was damaged ({:?}); \
-                         rebuilt from the lock and its history",
-                        keys.join(&name).display(),
-                        String::from_utf8_lossy(&t[..t.len().min(40)])
-                    );
-                }
-                parsed.unwrap_or(0)
-            }
-            Ok(None) => 0,
-            Err(e @ Error::Untrusted { .. }) => {
-                if warn {
-                    eprintln!("skill-lock: warning: {e}; the fence counter is rebuilt");
-                }
-                0
-            }
-            Err(e) => return Err(e),
-        };
-        let (history, history_file) = history::newest_fence(run, &key.name()).unwrap_or_else(|e| {
-            if warn {
-                eprintln!("skill-lock: warning: the history could not be read for the fence ({e})");
-            }
-            (0, None)
-        });
-        Ok(Self {
-            counter,
-            history,
-            history_file,
-        })
-    }
-
-    /// The newest of them.
-    fn newest(&self) -> u64 {
-        self.counter.max(self.history)
-    }
-}
-
-/// The newest fence the store knows of for `key` apart from its record.
-fn known_fence(keys: &Dir, run: &Dir, key: &LockKey, warn: bool) -> Result<u64> {
-    Known::read(keys, run, key, warn).map(|k| k.newest())
-}
-
 impl Parts {
-    /// The fence of the lock's latest acquisition as far as the store still
-    /// knows (the counter, the record in place, `seen_fence`, and the newest
-    /// fence of its history), and the next fence: one more (SPEC §7 "Fences
-    /// never repeat"). A counter set back by hand is overtaken by the
-    /// record or the history. A fence at `u64::MAX` (counter, record or
-    /// history, which a repository can plant under rule 3) refuses rather
-    /// than wrap, naming each file that holds it and how to clear it (SPEC
-    /// §5: planted state never leaves a lock with no way out).
-    fn next_fence(&self, key: &LockKey, seen_fence: u64) -> Result<(u64, u64)> {
-        let known = Known::read(&self.keys, &self.run, key, true)?;
-        let base = known.newest().max(seen_fence);
-        let next = base
-            .checked_add(1)
-            .ok_or_else(|| self.at_max(key, &known, seen_fence))?;
-        Ok((base, next))
-    }
-
-    /// The error for a fence at `u64::MAX`: no run reaches it, so the file
-    /// that holds it was planted or damaged. Names every such file, and how
-    /// to go on.
-    fn at_max(&self, key: &LockKey, known: &Known, seen_fence: u64) -> Error {
-        let counter = self.keys.join(format!("{}.fence", key.file_stem()));
-        let record = self.locks.join(lock_name(key)).join(RECORD);
-        let at_max: Vec<PathBuf> = [
-            (known.counter, Some(counter.clone())),
-            (seen_fence, Some(record)),
-            (known.history, known.history_file.clone()),
-        ]
-        .into_iter()
-        .filter(|(fence, _)| *fence == u64::MAX)
-        .filter_map(|(_, file)| file)
-        .collect();
-        let names = at_max
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" and ");
-        Error::Untrusted {
-            path: at_max.first().cloned().unwrap_or(counter),
-            why: format!(
-                "the lock's fence is at 18446744073709551615 in {names}, a value no real \
-                 run reaches (planted or damaged), so no later fence exists"
-            ),
-            fix: format!("delete {names}; fences then go on above every fence that remains"),
-        }
-    }
-
-    /// Gives `rec` the lock's next fence, written to the counter first, so
-    /// the counter never falls behind a published fence: what it will have
-    /// written, with the fence it follows (`None`: the store knew of no
-    /// acquisition).
-    fn with_next_fence(&self, key: &LockKey, rec: &NewRecord, seen_fence: u64) -> Result<Written> {
-        let (prior, fence) = self.next_fence(key, seen_fence)?;
-        let stem = key.file_stem();
-        self.keys.replace(
-            &format!("{stem}.fence.tmp"),
-            format!("{stem}.fence"),
-            format!("{fence}\n").as_bytes(),
-        )?;
-        if is_digest_stem(&stem) {
-            // What `list` names the lock by: a digest does not say.
-            self.keys.replace(
-                &format!("{stem}.name.tmp"),
-                format!("{stem}.name"),
-                key.name().as_bytes(),
-            )?;
-        }
-        let prior = Some(prior).filter(|p| *p > 0);
-        Ok(Written::acquired(rec.clone(), fence, prior))
-    }
-
     /// Builds a complete lock directory `tmp/<name>` for `rec`.
     fn build(&self, key: &LockKey, rec: &OwnerRecord) -> Result<()> {
         let name = OsString::from(key.file_stem());
@@ -422,26 +266,23 @@ impl Parts {
         dir.replace("owner.json.tmp", RECORD, &rec.to_bytes()?)
     }
 
-    /// Publishes a new record for `key` where there is no lock directory with
-    /// a record: fence, build, (bury what is there), rename into place.
-    /// Sets `buried` once the old state is gone, so a failure after that
-    /// point is reported for what it did.
+    /// Publishes `rec` for `key` where there is no lock directory with a
+    /// record: build, (bury what is there), rename into place. Sets
+    /// `buried` once the old state is gone, so a failure after that point
+    /// is reported for what it did.
     fn publish(
         &self,
         key: &LockKey,
-        rec: &NewRecord,
+        rec: &OwnerRecord,
         bury_first: bool,
-        seen_fence: u64,
         buried: &mut bool,
-    ) -> Result<Written> {
-        let written = self.with_next_fence(key, rec, seen_fence)?;
-        self.build(key, &written.record)?;
+    ) -> Result<()> {
+        self.build(key, rec)?;
         *buried = bury_first && self.bury(key)?;
         let lock = lock_name(key);
         self.tmp
             .rename(&key.file_stem(), &self.locks, &lock, true)
-            .map_err(|e| Error::io("publish", self.locks.join(&lock), e))?;
-        Ok(written)
+            .map_err(|e| Error::io("publish", self.locks.join(&lock), e))
     }
 
     fn append_history(&self, events: &[Event]) {
@@ -455,23 +296,28 @@ impl Parts {
     /// through "free" on the way from its old holder to its new one, so a
     /// reader without the guard (status, check, a release's first look)
     /// never sees it free. Only a damaged lock (no directory with a record
-    /// file) is buried first; it was held by no one.
+    /// file) is buried first; it was held by no one. The fence it wrote,
+    /// with the one it follows.
     fn acquire<W>(
         &self,
         key: &LockKey,
         current: &Current,
         acq: &Acquisition<W>,
         buried: &mut bool,
-    ) -> Result<Written> {
+    ) -> Result<(u64, Option<u64>)> {
         let seen_fence = current.record().map_or(0, |r| r.holder.fence);
+        let fences = Fences {
+            run: &self.run,
+            locks: &self.locks,
+            keys: &self.keys,
+        };
+        let (fence, prior) = fences.take_next(key, seen_fence)?;
+        let record = acq.record.clone().fenced(fence);
         match current {
-            Current::Held(_) if acq.takes_over() => {
-                let written = self.with_next_fence(key, &acq.record, seen_fence)?;
-                self.replace_record(key, &written.record)?;
-                Ok(written)
-            }
-            _ => self.publish(key, &acq.record, acq.takes_over(), seen_fence, buried),
+            Current::Held(_) if acq.takes_over() => self.replace_record(key, &record)?,
+            _ => self.publish(key, &record, acq.takes_over(), buried)?,
         }
+        Ok((fence, prior))
     }
 
     /// Applies `decision`, made on `current`, and appends its history.
@@ -490,10 +336,7 @@ impl Parts {
             Decision::Acquire(acq) => {
                 let mut buried = false;
                 match self.acquire(key, current, &acq, &mut buried) {
-                    Ok(written) => {
-                        let events = acq.events(&Stamp::fence(written.record.holder.fence));
-                        (Committed::Wrote(acq.then, written), events)
-                    }
+                    Ok((fence, prior)) => acq.finish(fence, prior).committed(),
                     Err(e) => {
                         if buried {
                             self.append_history(&acq.interrupted(&e.to_string()));
@@ -504,9 +347,7 @@ impl Parts {
             }
             Decision::Renew(renewal) => {
                 self.replace_record(key, renewal.record())?;
-                let events = renewal.events(&renewal.stamp());
-                let (then, written) = renewal.into_written();
-                (Committed::Wrote(then, written), events)
+                renewal.finish().committed()
             }
         };
         self.append_history(&events);
@@ -532,29 +373,8 @@ impl Store for FileStore {
         Ok(current)
     }
 
-    /// Read under the lock's guard (shared), where an acquisition writes the
-    /// counter and then publishes its lock: a fence read here is never one
-    /// whose lock is not published yet. Creates nothing: with no guard file
-    /// (the lock was never changed in this layer, or `keys/` was removed by
-    /// hand) the history alone tells.
     fn last_fence(&self, key: &LockKey) -> Result<Option<u64>> {
-        let Some(opened) = self.layer.open(false)? else {
-            return Ok(None);
-        };
-        let guard_name = format!("{}.guard", key.file_stem());
-        let keys = opened.run.dir("keys", false)?;
-        let guard = match &keys {
-            Some(keys) => keys.file(&guard_name, Open::Read)?,
-            None => None,
-        };
-        let known = match (&keys, guard) {
-            (Some(keys), Some(guard)) => {
-                lock_bounded_as(&guard, &keys.join(&guard_name), true)?;
-                known_fence(keys, &opened.run, key, false)?
-            }
-            _ => history::newest_fence(&opened.run, &key.name()).map_or(0, |(f, _)| f),
-        };
-        Ok(Some(known).filter(|f| *f > 0))
+        fence::latest(&self.layer, key)
     }
 
     fn update<K, W>(
@@ -586,31 +406,7 @@ impl Store for FileStore {
         let Some((p, run, locks)) = self.open_locks()? else {
             return Ok(0);
         };
-        let keys_dir = run.dir("keys", false).ok().flatten();
-        let mut keys: Vec<LockKey> = locks
-            .names()?
-            .iter()
-            .filter_map(|n| n.to_str()?.strip_suffix(LOCK_SUFFIX))
-            // A key parsed from a name has the repo in lowercase already.
-            .filter_map(|stem| key_of_stem(&locks, keys_dir.as_ref(), stem))
-            .collect();
-        keys.sort_unstable_by(|a, b| (a.skill(), a.repo()).cmp(&(b.skill(), b.repo())));
-        for key in keys {
-            let name = lock_name(&key);
-            let current = read::lock_dir(&locks, &name)?;
-            self.check_coherent(&p, &current)?;
-            if current != Current::Free {
-                visit(Listed::new(
-                    key,
-                    locks.join(&name).display().to_string(),
-                    current,
-                ))?;
-            }
-        }
-        Ok(match run.dir("tombs", false) {
-            Ok(Some(t)) => t.names().map_or(0, |n| n.len()),
-            _ => 0,
-        })
+        list::visit(&run, &locks, &mut |c| self.check_coherent(&p, c), visit)
     }
 
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
@@ -819,45 +615,6 @@ mod tests {
             .filter(|l| matches!(l.current, Current::Held(_)))
             .count();
         assert_eq!(healthy, 1, "only s0 is whole: {listed:?}");
-    }
-
-    #[test]
-    fn another_machine_on_a_network_file_system_is_refused() {
-        let nfs = network_fs_name(0x6969);
-        assert_eq!(nfs, Some("NFS"));
-        assert_eq!(network_fs_name(0xEF53), None, "ext4 is local");
-        for magic in [0xFF53_4D42, 0x6573_5546, 0x0102_1997] {
-            assert!(network_fs_name(magic).is_some(), "{magic:x}");
-        }
-        let here = Origin {
-            machine: Some("m1".into()),
-            ..Origin::default()
-        };
-        let layer = Path::new("/home/u/p/.git/apache-magpie");
-        let mut h = crate::record::tests::sample(None).holder;
-        h.host = "laptop".into();
-        h.machine = Some("m1".into());
-        // One machine alone keeps working, on NFS or not.
-        assert_eq!(refuse_foreign(nfs, &h, &here, "laptop", layer), None);
-        // Another machine id: refused on NFS, whatever the hostname says.
-        h.machine = Some("m2".into());
-        let why = refuse_foreign(nfs, &h, &here, "laptop", layer).unwrap();
-        assert!(
-            why.contains("etcd") && why.contains("git:") && why.contains("NFS"),
-            "{why}"
-        );
-        assert_eq!(
-            refuse_foreign(None, &h, &here, "laptop", layer),
-            None,
-            "local disk"
-        );
-        // Machine ids unknown (containers, older records): the hostname decides.
-        h.machine = None;
-        assert_eq!(refuse_foreign(nfs, &h, &here, "laptop", layer), None);
-        h.host = "desktop".into();
-        assert!(refuse_foreign(nfs, &h, &here, "laptop", layer).is_some());
-        h.host = String::new();
-        assert_eq!(refuse_foreign(nfs, &h, &here, "laptop", layer), None);
     }
 
     proptest! {

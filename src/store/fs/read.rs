@@ -10,18 +10,26 @@
 //! reader looks again. Anything that is not a directory holding a regular
 //! file is `corrupt`, never followed and never waited on.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 
 use super::dir::{Dir, Misfit, Open, read_bounded};
 use crate::error::{Error, Result};
+use crate::key::LockKey;
 use crate::record::{MAX_RECORD_BYTES, OwnerRecord};
 use crate::store::{Current, Seen};
 
 /// The record's name inside a lock directory.
-pub const RECORD: &str = "owner.json";
+pub(super) const RECORD: &str = "owner.json";
+/// What ends the name of a lock directory, `locks/<stem>.lock`.
+pub(super) const LOCK_SUFFIX: &str = ".lock";
 /// How often a reader looks again when the lock changed under it.
 const MAX_LOOKS: u32 = 1000;
+
+/// The name of `key`'s lock directory in `locks/`.
+pub(super) fn lock_name(key: &LockKey) -> OsString {
+    OsString::from(format!("{}{LOCK_SUFFIX}", key.file_stem()))
+}
 
 fn not_a(dir: &Dir, name: &OsStr, what: &str) -> Current {
     Current::Corrupt(format!("{} is not a {what}", dir.join(name).display()))
@@ -36,7 +44,7 @@ fn not_a(dir: &Dir, name: &OsStr, what: &str) -> Current {
 /// lookup (no link on the way, nothing outside `locks/`): the file found is
 /// the complete record of a lock that was at that path during the lookup,
 /// which is all a reader needs. Anything else is looked at step by step.
-pub fn lock_dir(locks: &Dir, name: &OsStr) -> Result<Current> {
+pub(super) fn lock_dir(locks: &Dir, name: &OsStr) -> Result<Current> {
     if let Some(rel) = name.to_str().map(|n| format!("{n}/{RECORD}"))
         && let Some((file, len)) = locks.file_beneath(&rel)
     {
@@ -47,7 +55,11 @@ pub fn lock_dir(locks: &Dir, name: &OsStr) -> Result<Current> {
 
 /// [`lock_dir`], running `between` after the directory is opened and before
 /// its record is (tests put a release or takeover there).
-pub fn lock_dir_with(locks: &Dir, name: &OsStr, between: &mut dyn FnMut()) -> Result<Current> {
+pub(super) fn lock_dir_with(
+    locks: &Dir,
+    name: &OsStr,
+    between: &mut dyn FnMut(),
+) -> Result<Current> {
     for _ in 0..MAX_LOOKS {
         let dir = match locks.dir_plain(name) {
             Ok(Some(d)) => d,
@@ -95,7 +107,7 @@ pub fn lock_dir_with(locks: &Dir, name: &OsStr, between: &mut dyn FnMut()) -> Re
 ///
 /// # Errors
 /// [`Error::Io`] when it cannot be read.
-pub fn record(file: File, len: u64, path: &std::path::Path) -> Result<Current> {
+fn record(file: File, len: u64, path: &std::path::Path) -> Result<Current> {
     let bytes =
         read_bounded(file, len, MAX_RECORD_BYTES + 1).map_err(|e| Error::io("read", path, e))?;
     Ok(match OwnerRecord::parse(&bytes) {

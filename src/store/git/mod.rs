@@ -81,7 +81,7 @@ use crate::error::{Error, Result};
 use crate::history::Event;
 use crate::key::{LockKey, is_digest_stem};
 use crate::record::OwnerRecord;
-use crate::store::{Committed, Current, Decision, Listed, Place, Stamp, Store, Written};
+use crate::store::{Committed, Current, Decision, Listed, Place, Store};
 
 mod chain;
 mod cmd;
@@ -615,24 +615,24 @@ fn next_state<K, W>(r: &str, seen: &RefState, decision: Decision<K, W>) -> Resul
                 .checked_add(1)
                 .ok_or_else(|| Error::Internal("the fence would overflow".into()))?;
             let prior = seen.fence.filter(|f| *f > 0);
-            let events = acq.events(&Stamp::fence(fence));
-            let written = Written::acquired(acq.record, fence, prior);
+            let done = acq.finish(fence, prior);
+            let state = held(&done.written.record)?;
+            let (committed, events) = done.committed();
             Commit {
-                state: held(&written.record)?,
+                state,
                 events,
                 what: CommitKind::Acquired,
-                committed: Committed::Wrote(acq.then, written),
+                committed,
             }
         }
         Decision::Renew(renewal) => {
-            let events = renewal.events(&renewal.stamp());
             let state = held(renewal.record())?;
-            let (then, written) = renewal.into_written();
+            let (committed, events) = renewal.finish().committed();
             Commit {
                 state,
                 events,
                 what: CommitKind::Renewed,
-                committed: Committed::Wrote(then, written),
+                committed,
             }
         }
         Decision::Delete(outcome, event) => Commit {

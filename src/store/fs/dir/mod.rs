@@ -20,13 +20,13 @@
 //!   a handle below P/run, so no link can lead a write outside it; a tree is
 //!   removed only by walking handles, never leaving the device it is on.
 //!
-//! Only the system calls are per OS, `sys`, with the same functions and
-//! types on both: `unix.rs` (`openat`, `mkdirat`, `renameat2`, `unlinkat`
-//! by rustix; the owner and mode check) and `windows.rs` (`NtCreateFile`
-//! relative to a directory handle, reparse points refused; the owner SID).
-//! Each tells what stands in its way as a `Failed`; [`Dir`], every
-//! decision on those answers, the errors and their messages are written
-//! once, here.
+//! Only the system calls are per OS, declared once as the trait [`DirSys`]
+//! (`platform.rs`) that each OS's `Platform` implements: `unix.rs` (`openat`,
+//! `mkdirat`, `renameat2`, `unlinkat` by rustix; the owner and mode check)
+//! and `windows.rs` (`NtCreateFile` relative to a directory handle, reparse
+//! points refused; the owner SID). Each tells what stands in its way as a
+//! `Failed`; [`Dir`], every decision on those answers, the errors and their
+//! messages are written once, here.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -36,52 +36,31 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 per_os!();
+mod location;
+mod platform;
 
-pub use sys::FileExt;
-#[cfg(windows)]
-pub use sys::{SHARING_RETRY, Stat, remote_protocol};
+pub(crate) use location::Location;
+use platform::{DirSys, Failed};
+pub(super) use sys::FileExt;
+use sys::Platform;
+
+/// An open handle of this OS.
+type Owned = <Platform as DirSys>::Owned;
+/// A borrowed handle of this OS (what [`Dir::fd`] lends).
+pub(super) type Handle<'a> = <Platform as DirSys>::Handle<'a>;
+/// What a status call of this OS tells about an entry.
+pub(super) type Stat = <Platform as DirSys>::Stat;
 
 /// An open directory of the layer and the path it was reached by (for messages).
 #[derive(Debug)]
-pub struct Dir {
-    handle: sys::Owned,
+pub(super) struct Dir {
+    handle: Owned,
     path: PathBuf,
 }
 
-/// Why a system call at a name did not do what was asked, as the `sys`
-/// module tells it; what follows is decided here.
-#[derive(Debug)]
-enum Failed {
-    /// Nothing is at the name.
-    Absent(std::io::Error),
-    /// Something is already at the name (a create).
-    Exists,
-    /// Not a directory (a file, a link, a special file).
-    NotADirectory,
-    /// Something of another type: what, when the call learned it.
-    WrongType(Option<&'static str>),
-    /// The status of what was opened could not be read.
-    #[cfg_attr(unix, allow(dead_code, reason = "only Windows reads it apart"))]
-    Stat(std::io::Error),
-    /// Another OS error.
-    Io(std::io::Error),
-}
-
-impl Failed {
-    /// The OS error this stands for.
-    fn into_io(self) -> std::io::Error {
-        match self {
-            Self::Absent(e) | Self::Stat(e) | Self::Io(e) => e,
-            Self::Exists => ErrorKind::AlreadyExists.into(),
-            Self::NotADirectory => ErrorKind::NotADirectory.into(),
-            Self::WrongType(_) => ErrorKind::InvalidInput.into(),
-        }
-    }
-}
-
 /// What stands at a name, for messages (`None`: gone, or on Unix a link).
-fn found(st: Option<&sys::Stat>) -> &'static str {
-    st.map_or(sys::GONE, sys::kind)
+fn found(st: Option<&Stat>) -> &'static str {
+    st.map_or(Platform::GONE, Platform::kind)
 }
 
 /// The error for an entry that is not what the layer needs there.
@@ -93,8 +72,8 @@ fn not_a(path: &Path, want: &str, found: &str) -> Error {
         ),
         format!(
             "remove it ({} {}) and run again",
-            sys::REMOVE_TREE,
-            sys::quote(&path.display().to_string())
+            Platform::REMOVE_TREE,
+            Platform::quote(&path.display().to_string())
         ),
     )
 }
@@ -103,8 +82,8 @@ fn not_a(path: &Path, want: &str, found: &str) -> Error {
 fn remove_file_fix(path: &Path) -> String {
     format!(
         "remove it ({} {})",
-        sys::REMOVE_FILE,
-        sys::quote(&path.display().to_string())
+        Platform::REMOVE_FILE,
+        Platform::quote(&path.display().to_string())
     )
 }
 
@@ -114,8 +93,8 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Io`] when it cannot be opened as a directory.
-    pub fn anchor(path: &Path) -> Result<Option<Self>> {
-        match sys::open_anchor(path) {
+    pub(super) fn anchor(path: &Path) -> Result<Option<Self>> {
+        match Platform::open_anchor(path) {
             Ok(handle) => Ok(Some(Self {
                 handle,
                 path: path.to_path_buf(),
@@ -130,11 +109,11 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Io`] when it cannot be created or opened.
-    pub fn anchor_create(path: &Path) -> Result<Self> {
+    pub(super) fn anchor_create(path: &Path) -> Result<Self> {
         if let Some(d) = Self::anchor(path)? {
             return Ok(d);
         }
-        sys::create_dir_all(path).map_err(|e| Error::io("create", path, e))?;
+        Platform::create_dir_all(path).map_err(|e| Error::io("create", path, e))?;
         Self::anchor(path)?.ok_or_else(|| {
             Error::io(
                 "open",
@@ -146,19 +125,19 @@ impl Dir {
 
     /// The path this handle was reached by.
     #[must_use]
-    pub fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The handle itself (for `fstatfs`, the remote protocol and the like).
     #[must_use]
-    pub fn fd(&self) -> sys::Handle<'_> {
-        sys::borrow(&self.handle)
+    pub(super) fn fd(&self) -> Handle<'_> {
+        Platform::borrow(&self.handle)
     }
 
     /// The path of entry `name` (for messages).
     #[must_use]
-    pub fn join(&self, name: impl AsRef<OsStr>) -> PathBuf {
+    pub(super) fn join(&self, name: impl AsRef<OsStr>) -> PathBuf {
         self.path.join(name.as_ref())
     }
 
@@ -166,8 +145,8 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Io`].
-    pub fn stat(&self) -> Result<sys::Stat> {
-        sys::fstat(self.fd()).map_err(|e| Error::io("stat", &self.path, e))
+    pub(super) fn stat(&self) -> Result<Stat> {
+        Platform::fstat(self.fd()).map_err(|e| Error::io("stat", &self.path, e))
     }
 
     /// Refuses this directory unless it is the invoking user's alone (on
@@ -176,17 +155,17 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Untrusted`], [`Error::Io`].
-    pub fn check_owner(&self) -> Result<()> {
-        sys::check_owner(self.fd(), &self.path)
+    pub(super) fn check_owner(&self) -> Result<()> {
+        Platform::check_owner(self.fd(), &self.path)
     }
 
     /// Status of entry `name`, links not followed; `None` when absent.
     ///
     /// # Errors
     /// [`Error::Io`].
-    pub fn stat_at(&self, name: impl AsRef<OsStr>) -> Result<Option<sys::Stat>> {
+    pub(super) fn stat_at(&self, name: impl AsRef<OsStr>) -> Result<Option<Stat>> {
         let name = name.as_ref();
-        sys::stat_at(self.fd(), name).map_err(|e| Error::io("stat", self.join(name), e))
+        Platform::stat_at(self.fd(), name).map_err(|e| Error::io("stat", self.join(name), e))
     }
 
     /// Opens subdirectory `name` without following a link, created (0700
@@ -196,7 +175,7 @@ impl Dir {
     /// # Errors
     /// [`Error::Untrusted`] for a link, a non-directory or a foreign or
     /// writable-by-others directory; [`Error::Io`] otherwise.
-    pub fn dir(&self, name: impl AsRef<OsStr>, create: bool) -> Result<Option<Self>> {
+    pub(super) fn dir(&self, name: impl AsRef<OsStr>, create: bool) -> Result<Option<Self>> {
         let name = name.as_ref();
         let path = self.join(name);
         for _ in 0..2 {
@@ -209,7 +188,7 @@ impl Dir {
                     if !create {
                         return Ok(None);
                     }
-                    match sys::mkdir_at(self.fd(), name) {
+                    match Platform::mkdir_at(self.fd(), name) {
                         Ok(()) | Err(Failed::Exists) => {}
                         Err(f) => return Err(Error::io("create", &path, f.into_io())),
                     }
@@ -234,8 +213,8 @@ impl Dir {
     /// Opens subdirectory `name` without following a link and without the
     /// ownership check (a lock directory, a tombstone): `None` when absent,
     /// `Err(kind)` when something else is there.
-    pub(crate) fn dir_plain(&self, name: &OsStr) -> std::result::Result<Option<Self>, Misfit> {
-        match sys::open_dir(self.fd(), name) {
+    pub(super) fn dir_plain(&self, name: &OsStr) -> std::result::Result<Option<Self>, Misfit> {
+        match Platform::open_dir(self.fd(), name) {
             Ok(handle) => Ok(Some(Self {
                 handle,
                 path: self.join(name),
@@ -252,18 +231,18 @@ impl Dir {
         match self.file_plain(name, how) {
             Ok(f) => Ok(f),
             Err(Misfit::NotAFile(what)) => Err(not_a(&path, "a regular file", what)),
-            Err(Misfit::NotADirectory) => Err(not_a(&path, "a regular file", sys::LINK)),
+            Err(Misfit::NotADirectory) => Err(not_a(&path, "a regular file", Platform::LINK)),
             Err(Misfit::Io(e)) => Err(Error::io("open", &path, e)),
         }
     }
 
     /// [`Dir::file`], telling what is there instead of failing on it.
-    pub(crate) fn file_plain(
+    pub(super) fn file_plain(
         &self,
         name: &OsStr,
         how: Open,
     ) -> std::result::Result<Option<(File, u64)>, Misfit> {
-        let (handle, st) = match sys::open_file(self.fd(), name, how) {
+        let (handle, st) = match Platform::open_file(self.fd(), name, how) {
             Ok(opened) => opened,
             Err(Failed::Absent(_)) if how == Open::Read => return Ok(None),
             Err(Failed::WrongType(Some(what))) => return Err(Misfit::NotAFile(what)),
@@ -274,15 +253,15 @@ impl Dir {
             }
             Err(f) => return Err(Misfit::Io(f.into_io())),
         };
-        if !sys::is_file(&st) {
-            return Err(Misfit::NotAFile(sys::kind(&st)));
+        if !Platform::is_file(&st) {
+            return Err(Misfit::NotAFile(Platform::kind(&st)));
         }
         // A file written in place (the history, its counter) must be ours
         // alone: a hard link would carry the write to another name.
-        if how != Open::Read && sys::links(&st) > 1 {
+        if how != Open::Read && Platform::links(&st) > 1 {
             return Err(Misfit::NotAFile("a file with other hard links"));
         }
-        Ok(Some((File::from(handle), sys::size(&st))))
+        Ok(Some((handle.into(), Platform::size(&st))))
     }
 
     /// Opens the regular file at the relative path `rel` below this
@@ -292,9 +271,9 @@ impl Dir {
     /// file, an older kernel or a sandbox without `openat2`, another OS):
     /// the caller then looks the exact, step-by-step way.
     #[must_use]
-    pub fn file_beneath(&self, rel: &str) -> Option<(File, u64)> {
-        let (handle, st) = sys::open_beneath(self.fd(), rel)?;
-        sys::is_file(&st).then(|| (File::from(handle), sys::size(&st)))
+    pub(super) fn file_beneath(&self, rel: &str) -> Option<(File, u64)> {
+        let (handle, st) = Platform::open_beneath(self.fd(), rel)?;
+        Platform::is_file(&st).then(|| (handle.into(), Platform::size(&st)))
     }
 
     /// Creates file `name` (0600 on Unix) holding `bytes`; `false` when
@@ -302,16 +281,16 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Io`].
-    pub fn create_new(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<bool> {
+    pub(super) fn create_new(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<bool> {
         let name = name.as_ref();
         let path = self.join(name);
-        let handle = match sys::create_file(self.fd(), name) {
+        let handle = match Platform::create_file(self.fd(), name) {
             Ok(h) => h,
             Err(Failed::Exists) => return Ok(false),
             Err(f) => return Err(Error::io("create", &path, f.into_io())),
         };
-        File::from(handle)
-            .write_all(bytes)
+        let mut file: File = handle.into();
+        file.write_all(bytes)
             .map_err(|e| Error::io("write", &path, e))?;
         Ok(true)
     }
@@ -321,9 +300,9 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Untrusted`] when it is a directory; [`Error::Io`].
-    pub fn remove_file(&self, name: &str) -> Result<()> {
+    pub(super) fn remove_file(&self, name: &str) -> Result<()> {
         let path = self.join(name);
-        match sys::unlink_file(self.fd(), OsStr::new(name)) {
+        match Platform::unlink_file(self.fd(), OsStr::new(name)) {
             Ok(()) | Err(Failed::Absent(_)) => Ok(()),
             Err(Failed::WrongType(Some(what))) => Err(not_a(&path, "a regular file", what)),
             Err(Failed::WrongType(None)) => Err(not_a(
@@ -342,7 +321,7 @@ impl Dir {
     ///
     /// # Errors
     /// The OS error.
-    pub fn rename(
+    pub(super) fn rename(
         &self,
         from: &str,
         dest: &Dir,
@@ -351,9 +330,9 @@ impl Dir {
     ) -> std::io::Result<()> {
         let from = OsStr::new(from);
         if noreplace {
-            sys::rename_excl_at(self.fd(), from, dest.fd(), to)
+            Platform::rename_excl_at(self.fd(), from, dest.fd(), to)
         } else {
-            sys::rename_at(self.fd(), from, dest.fd(), to)
+            Platform::rename_at(self.fd(), from, dest.fd(), to)
         }
     }
 
@@ -361,8 +340,8 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Io`].
-    pub fn names(&self) -> Result<Vec<OsString>> {
-        sys::names(self.fd()).map_err(|e| Error::io("read", &self.path, e))
+    pub(super) fn names(&self) -> Result<Vec<OsString>> {
+        Platform::names(self.fd()).map_err(|e| Error::io("read", &self.path, e))
     }
 
     /// Removes entry `name` and, if it is a directory, everything in it,
@@ -370,8 +349,11 @@ impl Dir {
     /// directory's device or volume (a mount point, a junction inside is
     /// not entered). Best effort: what cannot be removed stays (a leftover
     /// `list` counts).
-    pub fn remove_tree(&self, name: &OsStr) {
-        let Ok(device) = self.stat().map(|s| sys::device(&s).unwrap_or(u64::MAX)) else {
+    pub(super) fn remove_tree(&self, name: &OsStr) {
+        let Ok(device) = self
+            .stat()
+            .map(|s| Platform::device(&s).unwrap_or(u64::MAX))
+        else {
             return;
         };
         self.remove_tree_on(name, device, 0);
@@ -380,15 +362,18 @@ impl Dir {
     fn remove_tree_on(&self, name: &OsStr, device: u64, depth: u32) {
         match self.dir_plain(name) {
             Ok(Some(sub)) if depth < 64 => {
-                if sub.stat().is_ok_and(|s| sys::device(&s) == Some(device)) {
+                if sub
+                    .stat()
+                    .is_ok_and(|s| Platform::device(&s) == Some(device))
+                {
                     for child in sub.names().unwrap_or_default() {
                         sub.remove_tree_on(&child, device, depth + 1);
                     }
-                    sys::remove_dir_at(self.fd(), name, sub.handle);
+                    Platform::remove_dir_at(self.fd(), name, sub.handle);
                 }
             }
             Ok(Some(_) | None) => {}
-            Err(_) => sys::remove_at(self.fd(), name),
+            Err(_) => Platform::remove_at(self.fd(), name),
         }
     }
 
@@ -397,11 +382,11 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Io`].
-    pub fn still_is(&self, name: &OsStr, held: &Dir) -> Result<bool> {
+    pub(super) fn still_is(&self, name: &OsStr, held: &Dir) -> Result<bool> {
         let held = held.stat()?;
         Ok(self
             .stat_at(name)?
-            .is_some_and(|st| sys::same_file(&st, &held) && sys::links(&held) > 0))
+            .is_some_and(|st| Platform::same_file(&st, &held) && Platform::links(&held) > 0))
     }
 }
 
@@ -412,7 +397,7 @@ impl Dir {
     ///
     /// # Errors
     /// [`Error::Untrusted`] for a link or a special file; [`Error::Io`].
-    pub fn file(&self, name: impl AsRef<OsStr>, how: Open) -> Result<Option<File>> {
+    pub(super) fn file(&self, name: impl AsRef<OsStr>, how: Open) -> Result<Option<File>> {
         Ok(self.file_sized(name.as_ref(), how)?.map(|(f, _)| f))
     }
 
@@ -423,7 +408,7 @@ impl Dir {
     /// # Errors
     /// [`Error::Io`]; [`Error::Untrusted`] when a directory stands at `tmp`
     /// or at `name` (naming it and how to clear it).
-    pub fn replace(&self, tmp: &str, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<()> {
+    pub(super) fn replace(&self, tmp: &str, name: impl AsRef<OsStr>, bytes: &[u8]) -> Result<()> {
         self.remove_file(tmp)?;
         if !self.create_new(tmp, bytes)? {
             return Err(Error::io(
@@ -455,7 +440,7 @@ impl Dir {
     ///
     /// # Errors
     /// As [`Dir::file`]; [`Error::Io`] when it is larger than the limit.
-    pub fn read_small(&self, name: impl AsRef<OsStr>) -> Result<Option<Vec<u8>>> {
+    pub(super) fn read_small(&self, name: impl AsRef<OsStr>) -> Result<Option<Vec<u8>>> {
         let name = name.as_ref();
         let Some((file, len)) = self.file_sized(name, Open::Read)? else {
             return Ok(None);
@@ -475,11 +460,11 @@ impl Dir {
 
 /// The most bytes read from any file of the layer (a record, a counter, the
 /// config): a planted endless or huge file costs one bounded read.
-pub const READ_LIMIT: usize = 64 * 1024;
+const READ_LIMIT: usize = 64 * 1024;
 
 /// How a file of the layer is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Open {
+pub(super) enum Open {
     /// Read only; absent is `None`.
     Read,
     /// Read and write, created (0600) when absent.
@@ -498,7 +483,7 @@ fn untrusted(path: &Path, why: String, fix: String) -> Error {
 
 /// What stands at a name when it is not what was asked for.
 #[derive(Debug)]
-pub(crate) enum Misfit {
+pub(super) enum Misfit {
     /// Not a directory (a file, a link, a special file).
     NotADirectory,
     /// Not a regular file (what it is instead).
@@ -507,90 +492,4 @@ pub(crate) enum Misfit {
     Io(std::io::Error),
 }
 
-pub(crate) use crate::bounded::read_bounded;
-
-/// Where a personal layer is: an anchor the user chose (the checkout, the
-/// git common directory, a `file:DIR`), opened as given, and the names below
-/// it that lead to P, each opened without following a link.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Location {
-    anchor: PathBuf,
-    below: Vec<OsString>,
-}
-
-/// The open layer: P and P/run, both checked.
-#[derive(Debug)]
-pub struct Opened {
-    /// P.
-    pub p: Dir,
-    /// P/run.
-    pub run: Dir,
-}
-
-impl Location {
-    /// The layer at `anchor/below[0]/below[1]/...`.
-    #[must_use]
-    pub fn new(anchor: &Path, below: &[&str]) -> Self {
-        Self {
-            anchor: anchor.to_path_buf(),
-            below: below.iter().map(OsString::from).collect(),
-        }
-    }
-
-    /// The path of P.
-    #[must_use]
-    pub fn dir(&self) -> PathBuf {
-        self.below
-            .iter()
-            .fold(self.anchor.clone(), |p, n| p.join(n))
-    }
-
-    /// Opens P, created (0700) when absent and `create`; `None` when absent
-    /// and not `create`. P must be the invoking user's alone.
-    ///
-    /// # Errors
-    /// [`Error::Untrusted`] for a link on the way, a foreign or
-    /// writable-by-others P; [`Error::Io`].
-    pub fn open_p(&self, create: bool) -> Result<Option<Dir>> {
-        let Some((last, between)) = self.below.split_last() else {
-            let anchor = if create {
-                Some(Dir::anchor_create(&self.anchor)?)
-            } else {
-                Dir::anchor(&self.anchor)?
-            };
-            if let Some(a) = &anchor {
-                a.check_owner()?;
-            }
-            return Ok(anchor);
-        };
-        let Some(mut at) = Dir::anchor(&self.anchor)? else {
-            return Ok(None);
-        };
-        for name in between {
-            at = match at.dir_plain(name) {
-                Ok(Some(d)) => d,
-                Ok(None) => return Ok(None),
-                Err(Misfit::Io(e)) => return Err(Error::io("open", at.join(name), e)),
-                Err(_) => {
-                    return Err(not_a(
-                        &at.join(name),
-                        "a directory",
-                        found(at.stat_at(name)?.as_ref()),
-                    ));
-                }
-            };
-        }
-        at.dir(last, create)
-    }
-
-    /// Opens P and P/run (created when absent and `create`).
-    ///
-    /// # Errors
-    /// As [`Location::open_p`].
-    pub fn open(&self, create: bool) -> Result<Option<Opened>> {
-        let Some(p) = self.open_p(create)? else {
-            return Ok(None);
-        };
-        Ok(p.dir("run", create)?.map(|run| Opened { p, run }))
-    }
-}
+pub(super) use crate::bounded::read_bounded;

@@ -61,18 +61,18 @@ use windows_sys::Win32::Storage::FileSystem::{
 };
 use windows_sys::Win32::System::IO::IO_STATUS_BLOCK;
 
-use super::{Failed, Open, untrusted};
+use super::{DirSys, Failed, Open, untrusted};
 use crate::error::{Error, Result};
 
 mod nt;
 mod owner;
 #[allow(clippy::wildcard_imports)]
 use nt::*;
-pub use nt::{FileExt, remote_protocol};
+pub(in crate::store::fs) use nt::FileExt;
 
 /// How long a rename or delete that NTFS refuses for a sharing reason (an
 /// open handle elsewhere) is retried.
-pub const SHARING_RETRY: Duration = Duration::from_secs(2);
+const SHARING_RETRY: Duration = Duration::from_secs(2);
 
 const SHARE_ALL: u32 = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
 const DIR_ACCESS: FILE_ACCESS_RIGHTS =
@@ -83,7 +83,7 @@ const ERROR_NO_MORE_FILES: i32 = 18;
 
 /// What `GetFileInformationByHandle` tells about an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
+pub(in crate::store::fs) struct Stat {
     attributes: u32,
     volume: u32,
     index: u64,
@@ -140,229 +140,11 @@ impl Stat {
 /// What a rename answers.
 type Io = std::io::Result<()>;
 
-/// An open handle.
-pub(super) type Owned = OwnedHandle;
-/// A borrowed handle (for the network file system check).
-pub(super) type Handle<'a> = BorrowedHandle<'a>;
-
-/// What stands at a name that vanished before it could be looked at.
-pub(super) const GONE: &str = "gone";
-/// What refuses to be opened as a directory.
-pub(super) const LINK: &str = "a link";
-/// The command that removes a file, for messages.
-pub(super) const REMOVE_FILE: &str = "Remove-Item";
-/// The command that removes a tree, for messages.
-pub(super) const REMOVE_TREE: &str = "Remove-Item -Recurse -Force";
-
-/// Quotes `s` for PowerShell (the fixes in messages are PowerShell lines).
-pub(super) fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
-pub(super) fn borrow(h: &Owned) -> Handle<'_> {
-    h.as_handle()
-}
-
 fn os(status: NTSTATUS) -> Failed {
     Failed::Io(nt_error(status))
 }
 
-/// What `st` is, for messages.
-pub(super) fn kind(st: &Stat) -> &'static str {
-    st.kind()
-}
-
-pub(super) fn is_file(st: &Stat) -> bool {
-    st.is_file()
-}
-
-pub(super) fn size(st: &Stat) -> u64 {
-    st.size
-}
-
-pub(super) fn links(st: &Stat) -> u64 {
-    u64::from(st.links)
-}
-
-/// The volume `st` is on.
-#[allow(clippy::unnecessary_wraps, reason = "the same function as on Unix")]
-pub(super) fn device(st: &Stat) -> Option<u64> {
-    Some(u64::from(st.volume))
-}
-
-/// Are `a` and `b` the same entry (volume and file id)?
-pub(super) fn same_file(a: &Stat, b: &Stat) -> bool {
-    a.volume == b.volume && a.index == b.index
-}
-
-/// Refuses the directory open at `h` (reached by `path`) unless the
-/// invoking user owns it.
-pub(super) fn check_owner(h: Handle<'_>, path: &Path) -> Result<()> {
-    match owner::owned_by_me(h) {
-        Ok(owner::Owner::Me) => Ok(()),
-        Ok(owner::Owner::Other(sid)) => Err(untrusted(
-            path,
-            format!(
-                "it is owned by {sid}, not by you; another user's directory could redirect or forge locks"
-            ),
-            format!(
-                "run skill-lock as its owner, or take it over (takeown /r /f {}), or pick another store: --store file:DIR",
-                quote(&path.display().to_string())
-            ),
-        )),
-        Err(e) => Err(Error::io("inspect the owner of", path, e)),
-    }
-}
-
-/// Opens the directory at `path` (links followed).
-pub(super) fn open_anchor(path: &Path) -> std::result::Result<Owned, Failed> {
-    use std::os::windows::fs::OpenOptionsExt;
-    let file = match std::fs::OpenOptions::new()
-        .access_mode(DIR_ACCESS)
-        .share_mode(SHARE_ALL)
-        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Err(Failed::Absent(e)),
-        Err(e) => return Err(Failed::Io(e)),
-    };
-    let handle = OwnedHandle::from(file);
-    if !Stat::of(handle.as_handle()).map_err(Failed::Stat)?.is_dir() {
-        return Err(Failed::Io(std::io::Error::other("it is not a directory")));
-    }
-    Ok(handle)
-}
-
-/// Creates directory `path`, parents too.
-pub(super) fn create_dir_all(path: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(path)
-}
-
-pub(super) fn fstat(h: Handle<'_>) -> std::io::Result<Stat> {
-    Stat::of(h)
-}
-
-/// Status of entry `name` of `h`, links not followed; `None` when absent.
-pub(super) fn stat_at(h: Handle<'_>, name: &OsStr) -> std::io::Result<Option<Stat>> {
-    match nt_open(h, name, FILE_READ_ATTRIBUTES | SYNCHRONIZE, FILE_OPEN, 0) {
-        Ok(opened) => Stat::of(opened.as_handle()).map(Some),
-        Err(s) if absent(s) => Ok(None),
-        Err(s) => Err(nt_error(s)),
-    }
-}
-
-/// Creates directory `name` in `h`.
-pub(super) fn mkdir_at(h: Handle<'_>, name: &OsStr) -> std::result::Result<(), Failed> {
-    match nt_open(h, name, DIR_ACCESS, FILE_CREATE, FILE_DIRECTORY_FILE) {
-        Ok(_) => Ok(()),
-        Err(s) if s == STATUS_OBJECT_NAME_COLLISION => Err(Failed::Exists),
-        Err(s) => Err(os(s)),
-    }
-}
-
-/// Opens directory `name` of `h` without following a link.
-pub(super) fn open_dir(h: Handle<'_>, name: &OsStr) -> std::result::Result<Owned, Failed> {
-    let handle = match nt_open(
-        h,
-        name,
-        DIR_ACCESS,
-        FILE_OPEN,
-        FILE_DIRECTORY_FILE | FILE_OPEN_FOR_BACKUP_INTENT,
-    ) {
-        Ok(opened) => opened,
-        Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
-        Err(s) if s == STATUS_NOT_A_DIRECTORY => return Err(Failed::NotADirectory),
-        Err(s) => return Err(os(s)),
-    };
-    let st = Stat::of(handle.as_handle()).map_err(Failed::Io)?;
-    if !st.is_dir() {
-        return Err(Failed::NotADirectory);
-    }
-    Ok(handle)
-}
-
-/// Opens file `name` of `h` without following a link (created when `how`
-/// says so), with its status.
-pub(super) fn open_file(
-    h: Handle<'_>,
-    name: &OsStr,
-    how: Open,
-) -> std::result::Result<(Owned, Stat), Failed> {
-    let (access, disposition) = match how {
-        Open::Read => (FILE_GENERIC_READ, FILE_OPEN),
-        Open::ReadWriteCreate => (FILE_GENERIC_READ | FILE_GENERIC_WRITE, FILE_OPEN_IF),
-        // No FILE_WRITE_DATA: every write goes to the end of the file.
-        Open::AppendCreate => (
-            FILE_GENERIC_READ | FILE_APPEND_DATA | FILE_WRITE_ATTRIBUTES | SYNCHRONIZE,
-            FILE_OPEN_IF,
-        ),
-    };
-    let handle = match nt_open(h, name, access, disposition, FILE_NON_DIRECTORY_FILE) {
-        Ok(opened) => opened,
-        Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
-        Err(s) if s == STATUS_FILE_IS_A_DIRECTORY => return Err(Failed::WrongType(None)),
-        Err(s) => return Err(os(s)),
-    };
-    let st = Stat::of(handle.as_handle()).map_err(Failed::Io)?;
-    Ok((handle, st))
-}
-
-/// Always `None` on Windows: the caller looks step by step.
-pub(super) fn open_beneath(h: Handle<'_>, rel: &str) -> Option<(Owned, Stat)> {
-    let _ = (h, rel);
-    None
-}
-
-/// Creates file `name` in `h`, failing when anything is there.
-pub(super) fn create_file(h: Handle<'_>, name: &OsStr) -> std::result::Result<Owned, Failed> {
-    match nt_open(
-        h,
-        name,
-        FILE_GENERIC_WRITE,
-        FILE_CREATE,
-        FILE_NON_DIRECTORY_FILE,
-    ) {
-        Ok(opened) => Ok(opened),
-        Err(s) if s == STATUS_OBJECT_NAME_COLLISION => Err(Failed::Exists),
-        Err(s) => Err(os(s)),
-    }
-}
-
-/// Deletes entry `name` of `h` unless it is a directory (a link is
-/// removed itself).
-pub(super) fn unlink_file(h: Handle<'_>, name: &OsStr) -> std::result::Result<(), Failed> {
-    let handle = match nt_open(
-        h,
-        name,
-        DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
-        FILE_OPEN,
-        0,
-    ) {
-        Ok(opened) => opened,
-        Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
-        Err(s) => return Err(os(s)),
-    };
-    let st = Stat::of(handle.as_handle()).map_err(Failed::Stat)?;
-    if st.is_dir() {
-        return Err(Failed::WrongType(Some(st.kind())));
-    }
-    retry_sharing(|| delete_handle(handle.as_handle())).map_err(Failed::Io)
-}
-
-/// Best effort: deletes entry `name` of `h` (not followed).
-pub(super) fn remove_at(h: Handle<'_>, name: &OsStr) {
-    delete_entry(h, name, 0);
-}
-
-/// Best effort: deletes the empty directory `name` of `h`, open as
-/// `held` (closed first).
-pub(super) fn remove_dir_at(h: Handle<'_>, name: &OsStr, held: Owned) {
-    drop(held);
-    delete_entry(h, name, FILE_DIRECTORY_FILE);
-}
-
-fn delete_entry(h: Handle<'_>, name: &OsStr, options: u32) {
+fn delete_entry(h: BorrowedHandle<'_>, name: &OsStr, options: u32) {
     if let Ok(opened) = nt_open(
         h,
         name,
@@ -374,19 +156,7 @@ fn delete_entry(h: Handle<'_>, name: &OsStr, options: u32) {
     }
 }
 
-/// Renames entry `from` of `h` to `to` in `dest`, replacing what is
-/// there (a link is moved itself; NTFS never renames over a directory).
-pub(super) fn rename_at(h: Handle<'_>, from: &OsStr, dest: Handle<'_>, to: &OsStr) -> Io {
-    rename(h, from, dest, to, true)
-}
-
-/// [`rename_at`], but `AlreadyExists` rather than replace an entry at `to`
-/// (NTFS never renames over anything when not asked to replace).
-pub(super) fn rename_excl_at(h: Handle<'_>, from: &OsStr, dest: Handle<'_>, to: &OsStr) -> Io {
-    rename(h, from, dest, to, false)
-}
-
-fn rename(h: Handle<'_>, from: &OsStr, dest: Handle<'_>, to: &OsStr, replace: bool) -> Io {
+fn rename(h: BorrowedHandle<'_>, from: &OsStr, dest: BorrowedHandle<'_>, to: &OsStr, replace: bool) -> Io {
     let to_wide = component(to).ok_or_else(|| std::io::Error::from(ErrorKind::InvalidInput))?;
     retry_sharing(|| {
         let opened = nt_open(
@@ -407,48 +177,279 @@ fn rename(h: Handle<'_>, from: &OsStr, dest: Handle<'_>, to: &OsStr, replace: bo
     })
 }
 
-/// The names of the entries of directory `h` (not `.` and `..`).
-pub(super) fn names(h: Handle<'_>) -> std::io::Result<Vec<OsString>> {
-    let mut buf = vec![0u64; 8 * 1024];
-    let len = u32::try_from(buf.len() * 8).unwrap_or(u32::MAX);
-    let mut out = Vec::new();
-    let mut class = FileIdBothDirectoryRestartInfo;
-    loop {
-        // SAFETY: a valid handle and a buffer of `len` bytes, 8-aligned.
-        let ok = unsafe {
-            GetFileInformationByHandleEx(h.as_raw_handle(), class, buf.as_mut_ptr().cast(), len)
-        };
-        if ok == 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(ERROR_NO_MORE_FILES) {
-                return Ok(out);
-            }
-            return Err(e);
+/// The system calls of Windows.
+#[derive(Debug)]
+pub(in crate::store::fs) struct Platform;
+
+impl DirSys for Platform {
+    type Owned = OwnedHandle;
+    /// A borrowed handle (for the network file system check).
+    type Handle<'a> = BorrowedHandle<'a>;
+    /// What `GetFileInformationByHandle` tells about an entry.
+    type Stat = Stat;
+
+    const GONE: &'static str = "gone";
+    const LINK: &'static str = "a link";
+    const REMOVE_FILE: &'static str = "Remove-Item";
+    const REMOVE_TREE: &'static str = "Remove-Item -Recurse -Force";
+
+    /// Quotes `s` for PowerShell (the fixes in messages are PowerShell lines).
+    fn quote(s: &str) -> String {
+        format!("'{}'", s.replace('\'', "''"))
+    }
+
+    fn borrow(h: &OwnedHandle) -> BorrowedHandle<'_> {
+        h.as_handle()
+    }
+
+    /// What `st` is, for messages.
+    fn kind(st: &Stat) -> &'static str {
+        st.kind()
+    }
+
+    fn is_file(st: &Stat) -> bool {
+        st.is_file()
+    }
+
+    fn size(st: &Stat) -> u64 {
+        st.size
+    }
+
+    fn links(st: &Stat) -> u64 {
+        u64::from(st.links)
+    }
+
+    /// The volume `st` is on.
+    fn device(st: &Stat) -> Option<u64> {
+        Some(u64::from(st.volume))
+    }
+
+    /// Are `a` and `b` the same entry (volume and file id)?
+    fn same_file(a: &Stat, b: &Stat) -> bool {
+        a.volume == b.volume && a.index == b.index
+    }
+
+    /// Refuses the directory open at `h` (reached by `path`) unless the
+    /// invoking user owns it.
+    fn check_owner(h: BorrowedHandle<'_>, path: &Path) -> Result<()> {
+        match owner::owned_by_me(h) {
+            Ok(owner::Owner::Me) => Ok(()),
+            Ok(owner::Owner::Other(sid)) => Err(untrusted(
+                path,
+                format!(
+                    "it is owned by {sid}, not by you; another user's directory could redirect or forge locks"
+                ),
+                format!(
+                    "run skill-lock as its owner, or take it over (takeown /r /f {}), or pick another store: --store file:DIR",
+                    Self::quote(&path.display().to_string())
+                ),
+            )),
+            Err(e) => Err(Error::io("inspect the owner of", path, e)),
         }
-        class = FileIdBothDirectoryInfo;
-        let base: *const u8 = buf.as_ptr().cast();
-        let mut off = 0usize;
+    }
+
+    /// Opens the directory at `path` (links followed).
+    fn open_anchor(path: &Path) -> std::result::Result<OwnedHandle, Failed> {
+        use std::os::windows::fs::OpenOptionsExt;
+        let file = match std::fs::OpenOptions::new()
+            .access_mode(DIR_ACCESS)
+            .share_mode(SHARE_ALL)
+            .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Err(Failed::Absent(e)),
+            Err(e) => return Err(Failed::Io(e)),
+        };
+        let handle = OwnedHandle::from(file);
+        if !Stat::of(handle.as_handle()).map_err(Failed::Stat)?.is_dir() {
+            return Err(Failed::Io(std::io::Error::other("it is not a directory")));
+        }
+        Ok(handle)
+    }
+
+    /// Creates directory `path`, parents too.
+    fn create_dir_all(path: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+
+    fn fstat(h: BorrowedHandle<'_>) -> std::io::Result<Stat> {
+        Stat::of(h)
+    }
+
+    /// Status of entry `name` of `h`, links not followed; `None` when absent.
+    fn stat_at(h: BorrowedHandle<'_>, name: &OsStr) -> std::io::Result<Option<Stat>> {
+        match nt_open(h, name, FILE_READ_ATTRIBUTES | SYNCHRONIZE, FILE_OPEN, 0) {
+            Ok(opened) => Stat::of(opened.as_handle()).map(Some),
+            Err(s) if absent(s) => Ok(None),
+            Err(s) => Err(nt_error(s)),
+        }
+    }
+
+    /// Creates directory `name` in `h`.
+    fn mkdir_at(h: BorrowedHandle<'_>, name: &OsStr) -> std::result::Result<(), Failed> {
+        match nt_open(h, name, DIR_ACCESS, FILE_CREATE, FILE_DIRECTORY_FILE) {
+            Ok(_) => Ok(()),
+            Err(s) if s == STATUS_OBJECT_NAME_COLLISION => Err(Failed::Exists),
+            Err(s) => Err(os(s)),
+        }
+    }
+
+    /// Opens directory `name` of `h` without following a link.
+    fn open_dir(h: BorrowedHandle<'_>, name: &OsStr) -> std::result::Result<OwnedHandle, Failed> {
+        let handle = match nt_open(
+            h,
+            name,
+            DIR_ACCESS,
+            FILE_OPEN,
+            FILE_DIRECTORY_FILE | FILE_OPEN_FOR_BACKUP_INTENT,
+        ) {
+            Ok(opened) => opened,
+            Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
+            Err(s) if s == STATUS_NOT_A_DIRECTORY => return Err(Failed::NotADirectory),
+            Err(s) => return Err(os(s)),
+        };
+        let st = Stat::of(handle.as_handle()).map_err(Failed::Io)?;
+        if !st.is_dir() {
+            return Err(Failed::NotADirectory);
+        }
+        Ok(handle)
+    }
+
+    /// Opens file `name` of `h` without following a link (created when `how`
+    /// says so), with its status.
+    fn open_file(
+        h: BorrowedHandle<'_>,
+        name: &OsStr,
+        how: Open,
+    ) -> std::result::Result<(OwnedHandle, Stat), Failed> {
+        let (access, disposition) = match how {
+            Open::Read => (FILE_GENERIC_READ, FILE_OPEN),
+            Open::ReadWriteCreate => (FILE_GENERIC_READ | FILE_GENERIC_WRITE, FILE_OPEN_IF),
+            // No FILE_WRITE_DATA: every write goes to the end of the file.
+            Open::AppendCreate => (
+                FILE_GENERIC_READ | FILE_APPEND_DATA | FILE_WRITE_ATTRIBUTES | SYNCHRONIZE,
+                FILE_OPEN_IF,
+            ),
+        };
+        let handle = match nt_open(h, name, access, disposition, FILE_NON_DIRECTORY_FILE) {
+            Ok(opened) => opened,
+            Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
+            Err(s) if s == STATUS_FILE_IS_A_DIRECTORY => return Err(Failed::WrongType(None)),
+            Err(s) => return Err(os(s)),
+        };
+        let st = Stat::of(handle.as_handle()).map_err(Failed::Io)?;
+        Ok((handle, st))
+    }
+
+    /// Always `None` on Windows: the caller looks step by step.
+    fn open_beneath(_: BorrowedHandle<'_>, _: &str) -> Option<(OwnedHandle, Stat)> {
+        None
+    }
+
+    /// Creates file `name` in `h`, failing when anything is there.
+    fn create_file(h: BorrowedHandle<'_>, name: &OsStr) -> std::result::Result<OwnedHandle, Failed> {
+        match nt_open(
+            h,
+            name,
+            FILE_GENERIC_WRITE,
+            FILE_CREATE,
+            FILE_NON_DIRECTORY_FILE,
+        ) {
+            Ok(opened) => Ok(opened),
+            Err(s) if s == STATUS_OBJECT_NAME_COLLISION => Err(Failed::Exists),
+            Err(s) => Err(os(s)),
+        }
+    }
+
+    /// Deletes entry `name` of `h` unless it is a directory (a link is
+    /// removed itself).
+    fn unlink_file(h: BorrowedHandle<'_>, name: &OsStr) -> std::result::Result<(), Failed> {
+        let handle = match nt_open(
+            h,
+            name,
+            DELETE | FILE_READ_ATTRIBUTES | SYNCHRONIZE,
+            FILE_OPEN,
+            0,
+        ) {
+            Ok(opened) => opened,
+            Err(s) if absent(s) => return Err(Failed::Absent(nt_error(s))),
+            Err(s) => return Err(os(s)),
+        };
+        let st = Stat::of(handle.as_handle()).map_err(Failed::Stat)?;
+        if st.is_dir() {
+            return Err(Failed::WrongType(Some(st.kind())));
+        }
+        retry_sharing(|| delete_handle(handle.as_handle())).map_err(Failed::Io)
+    }
+
+    /// Best effort: deletes entry `name` of `h` (not followed).
+    fn remove_at(h: BorrowedHandle<'_>, name: &OsStr) {
+        delete_entry(h, name, 0);
+    }
+
+    /// Best effort: deletes the empty directory `name` of `h`, open as
+    /// `held` (closed first).
+    fn remove_dir_at(h: BorrowedHandle<'_>, name: &OsStr, held: OwnedHandle) {
+        drop(held);
+        delete_entry(h, name, FILE_DIRECTORY_FILE);
+    }
+
+    /// Renames entry `from` of `h` to `to` in `dest`, replacing what is
+    /// there (a link is moved itself; NTFS never renames over a directory).
+    fn rename_at(h: BorrowedHandle<'_>, from: &OsStr, dest: BorrowedHandle<'_>, to: &OsStr) -> Io {
+        rename(h, from, dest, to, true)
+    }
+
+    /// `rename_at`, but `AlreadyExists` rather than replace an entry at `to`
+    /// (NTFS never renames over anything when not asked to replace).
+    fn rename_excl_at(h: BorrowedHandle<'_>, from: &OsStr, dest: BorrowedHandle<'_>, to: &OsStr) -> Io {
+        rename(h, from, dest, to, false)
+    }
+
+    /// The names of the entries of directory `h` (not `.` and `..`).
+    fn names(h: BorrowedHandle<'_>) -> std::io::Result<Vec<OsString>> {
+        let mut buf = vec![0u64; 8 * 1024];
+        let len = u32::try_from(buf.len() * 8).unwrap_or(u32::MAX);
+        let mut out = Vec::new();
+        let mut class = FileIdBothDirectoryRestartInfo;
         loop {
-            // SAFETY: the entries the call wrote lie inside buf, each at
-            // an 8-aligned offset (NextEntryOffset).
-            #[allow(
-                clippy::cast_ptr_alignment,
-                reason = "buf is 8-aligned and every NextEntryOffset is a multiple of 8"
-            )]
-            let entry = unsafe { &*base.add(off).cast::<FILE_ID_BOTH_DIR_INFO>() };
-            let chars = usize::try_from(entry.FileNameLength).unwrap_or(0) / 2;
-            // SAFETY: FileNameLength bytes of name follow in the buffer.
-            let name = unsafe { std::slice::from_raw_parts(entry.FileName.as_ptr(), chars) };
-            let name = OsString::from_wide(name);
-            if name != "." && name != ".." {
-                out.push(name);
+            // SAFETY: a valid handle and a buffer of `len` bytes, 8-aligned.
+            let ok = unsafe {
+                GetFileInformationByHandleEx(h.as_raw_handle(), class, buf.as_mut_ptr().cast(), len)
+            };
+            if ok == 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(ERROR_NO_MORE_FILES) {
+                    return Ok(out);
+                }
+                return Err(e);
             }
-            if entry.NextEntryOffset == 0 {
-                break;
-            }
-            off += usize::try_from(entry.NextEntryOffset).unwrap_or(usize::MAX / 2);
-            if off >= buf.len() * 8 {
-                break;
+            class = FileIdBothDirectoryInfo;
+            let base: *const u8 = buf.as_ptr().cast();
+            let mut off = 0usize;
+            loop {
+                // SAFETY: the entries the call wrote lie inside buf, each at
+                // an 8-aligned offset (NextEntryOffset).
+                #[allow(
+                    clippy::cast_ptr_alignment,
+                    reason = "buf is 8-aligned and every NextEntryOffset is a multiple of 8"
+                )]
+                let entry = unsafe { &*base.add(off).cast::<FILE_ID_BOTH_DIR_INFO>() };
+                let chars = usize::try_from(entry.FileNameLength).unwrap_or(0) / 2;
+                // SAFETY: FileNameLength bytes of name follow in the buffer.
+                let name = unsafe { std::slice::from_raw_parts(entry.FileName.as_ptr(), chars) };
+                let name = OsString::from_wide(name);
+                if name != "." && name != ".." {
+                    out.push(name);
+                }
+                if entry.NextEntryOffset == 0 {
+                    break;
+                }
+                off += usize::try_from(entry.NextEntryOffset).unwrap_or(usize::MAX / 2);
+                if off >= buf.len() * 8 {
+                    break;
+                }
             }
         }
     }

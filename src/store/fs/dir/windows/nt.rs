@@ -194,7 +194,7 @@ pub(super) fn rename_handle(
 /// Positional reads and writes (`pread`/`pwrite` on Unix): `seek_read` and
 /// `seek_write`, looped until done. (They move the handle's position,
 /// which no caller relies on.)
-pub trait FileExt {
+pub(in crate::store::fs) trait FileExt {
     /// Reads into `buf` at `offset`; the count read.
     ///
     /// # Errors
@@ -246,33 +246,4 @@ impl FileExt for File {
         }
         Ok(())
     }
-}
-
-/// The kind of network file system the open directory `dir` is on, if any
-/// (`FileRemoteProtocolInfo` answers only for a remote file).
-#[must_use]
-pub fn remote_protocol(dir: BorrowedHandle<'_>) -> Option<&'static str> {
-    use windows_sys::Win32::Storage::FileSystem::{
-        FILE_REMOTE_PROTOCOL_INFO, FileRemoteProtocolInfo,
-    };
-    // SAFETY: zeroed plain data the call fills in.
-    let mut info: FILE_REMOTE_PROTOCOL_INFO = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid handle and a buffer of the class's size.
-    let ok = unsafe {
-        GetFileInformationByHandleEx(
-            dir.as_raw_handle(),
-            FileRemoteProtocolInfo,
-            (&raw mut info).cast(),
-            u32::try_from(std::mem::size_of::<FILE_REMOTE_PROTOCOL_INFO>()).unwrap_or(0),
-        )
-    };
-    if ok == 0 {
-        return None;
-    }
-    // WNNC_NET_SMB is 0x0002_0000; anything else remote is named generally.
-    Some(if info.Protocol == 0x0002_0000 {
-        "smb"
-    } else {
-        "a network file system"
-    })
 }
