@@ -2,7 +2,8 @@
 //!
 //! A lease lock per (skill, repository) that batch automation takes before
 //! its write phase, so two overlapping runs never post the same comment twice.
-//! The contract is `docs/contract.md`; the argument for its safety is `docs/design.md`.
+//! The contract is `docs/contract.md`; the argument for its safety is
+//! `docs/safety.md`, and a tour of the code for those changing it `docs/code-tour.md`.
 //!
 //! - **Lease**: a lock carries an expiry; `renew` extends it; an expired lock
 //!   is taken over by the next acquirer. An optional owner pid on the same
@@ -40,7 +41,7 @@
 //! # }
 //! ```
 
-/// The one platform pattern (docs/design.md "Platform code"): a concept's
+/// The one platform pattern (docs/code-tour.md "Platform code"): a concept's
 /// logic is written once in its `mod.rs`, which reaches the system calls
 /// as `sys`: `unix.rs` and `windows.rs` beside it, each implementing the
 /// trait the `mod.rs` declares, so the compiler checks that every platform

@@ -152,7 +152,7 @@ mod sys {
 #[cfg(windows)]
 mod sys {
     /// On Windows the walk does not judge ownership: the layer itself is
-    /// opened by handle and its owner checked there (docs/platforms.md).
+    /// opened by handle and its owner checked there (docs/safety.md, "Windows").
     pub(super) fn owner_is(_meta: &std::fs::Metadata, _sudo_uid: Option<u32>) -> bool {
         true
     }

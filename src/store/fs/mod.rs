@@ -18,7 +18,7 @@
 //! for a name too long for a path component with its suffixes, its digest
 //! form ([`LockKey::file_stem`]); no component is over 255 bytes.
 //!
-//! Invariants (argued in `docs/design.md`):
+//! Invariants (argued in `docs/safety.md`):
 //! - nothing in the layer is trusted: every file operation goes through the
 //!   directory handle (`dir/`), which follows no link, opens only regular
 //!   files and directories of the invoking user, bounds every read, and

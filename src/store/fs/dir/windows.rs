@@ -17,7 +17,7 @@
 //!   directory is the token's user, or the Administrators group when this
 //!   token is a member, which is whom an elevated process creates files
 //!   for). The DACL is not inspected: Windows has no `go-w` bit, and a
-//!   directory created here inherits its parent's ACL (docs/design.md);
+//!   directory created here inherits its parent's ACL (docs/safety.md, "Windows");
 //! - nothing is created, renamed or deleted except by name relative to a
 //!   handle below P/run: a rename is `FileRenameInformation` on a handle of the
 //!   source with the destination directory's handle as its root, a delete
