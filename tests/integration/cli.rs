@@ -6,10 +6,10 @@
 //!
 //! Covers: SPEC §2, §3.
 
-use crate::common;
+use crate::harness;
 
-use common::verbs::{Lock, run_reply};
-use common::{TestEnv, tree};
+use harness::verbs::{Lock, run_reply};
+use harness::{TestEnv, tree};
 use std::path::Path;
 
 #[test]
@@ -203,7 +203,7 @@ fn the_help_write_phase_matches_the_docs_and_runs_under_set_euo_pipefail() {
     assert!(script.contains("--since $since") && docs.contains("--since <fence>"));
     // `skill-lock` on PATH is the binary under test.
     let bin = env.dir("bin");
-    std::os::unix::fs::symlink(common::BIN, bin.join("skill-lock")).unwrap();
+    std::os::unix::fs::symlink(harness::BIN, bin.join("skill-lock")).unwrap();
     let path = format!("{}:/usr/bin:/bin", bin.display());
     let repo = env.git_repo("r");
     let run = || {

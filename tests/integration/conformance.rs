@@ -9,10 +9,10 @@
 //!
 //! Covers: SPEC §2, §2.1, §2.4, §3, §4, §7, §8.
 
-use crate::common;
+use crate::harness;
 
-use common::TestEnv;
-use common::verbs::{Lock, Reply};
+use harness::TestEnv;
+use harness::verbs::{Lock, Reply};
 use std::time::Duration;
 
 /// Is `s` an RFC 3339 time to the second, in UTC (`2026-01-02T03:04:05Z`)?
@@ -57,7 +57,7 @@ store_test!(
         assert!((least..=601).contains(&left), "{url}: {left}");
         // Not on PATH here: the hint names this program by its absolute path.
         let hint = held.hint();
-        let want = format!("{} release issue-triage --repo Apache/AIRFLOW --force", common::BIN);
+        let want = format!("{} release issue-triage --repo Apache/AIRFLOW --force", harness::BIN);
         assert!(hint.starts_with(&want), "{hint}");
         let status = store.lock(&cwd, "issue-triage", "Apache/Airflow").status();
         assert_eq!(status.state(), "held");
@@ -212,11 +212,11 @@ store_test!(
                     cmd.stdout(std::process::Stdio::piped()).spawn().unwrap()
                 })
                 .collect();
-            let outs: Vec<common::Out> = kids
+            let outs: Vec<harness::Out> = kids
                 .into_iter()
                 .map(|k| k.wait_with_output().unwrap().into())
                 .collect();
-            let replies: Vec<Reply> = outs.iter().map(common::Out::reply).collect();
+            let replies: Vec<Reply> = outs.iter().map(harness::Out::reply).collect();
             let winners: Vec<&Reply> = replies.iter().filter(|r| r.result() == "acquired").collect();
             assert_eq!(winners.len(), 1, "{} round {round}: {replies:?}", store.url);
             assert!(
@@ -294,7 +294,7 @@ store_test!(
 fn two_projects_sharing_one_etcd_contend() {
     let env = TestEnv::new();
     let test = "conformance::two_projects_sharing_one_etcd_contend";
-    let Some(store) = common::stores::Store::open("etcd", &env, test) else {
+    let Some(store) = harness::stores::Store::open("etcd", &env, test) else {
         return;
     };
     let one = env.git_repo("laptop/airflow");
@@ -342,7 +342,7 @@ fn an_unreachable_cluster_is_store_unavailable_in_bounded_time() {
 #[test]
 fn a_dead_first_endpoint_does_not_fail_the_command() {
     let env = TestEnv::new();
-    let Some(eps) = common::etcd_endpoints("a_dead_first_endpoint_does_not_fail_the_command")
+    let Some(eps) = harness::etcd_endpoints("a_dead_first_endpoint_does_not_fail_the_command")
     else {
         return;
     };

@@ -70,7 +70,7 @@ fn man_pages_and_completions_name_every_command_and_option() {
 /// any directory (it needs no project and no store), for every shell.
 #[test]
 fn completions_print_a_script_for_every_shell() {
-    let env = crate::common::TestEnv::new();
+    let env = crate::harness::TestEnv::new();
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
         let out = env.cmd(&env.root).args(["completions", shell]).run();
         assert_eq!(out.code, 0, "{shell}: {}", out.stderr);

@@ -10,8 +10,8 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::common::verbs::{Call, Lock, Reply, reply, run_reply};
-use crate::common::{BIN, Out, TestEnv};
+use crate::harness::verbs::{Call, Lock, Reply, reply, run_reply};
+use crate::harness::{BIN, Out, TestEnv};
 
 /// The verbs that read a token (and whether forced), each to be run with
 /// `SKILL_LOCK_TOKEN` set but empty.
@@ -269,7 +269,7 @@ fn every_command(lock: &Lock, lower: &Lock, skill: &str, repo: &str, takeover: b
 /// Every path component below `dir` is at most 255 bytes.
 #[track_caller]
 fn components_fit(dir: &Path) {
-    for rel in crate::common::tree(dir) {
+    for rel in crate::harness::tree(dir) {
         for c in Path::new(&rel).components() {
             let len = c.as_os_str().len();
             assert!(len <= 255, "{rel}: a component of {len} bytes");
@@ -304,7 +304,7 @@ fn the_longest_names_work_on_every_command_in_the_file_store() {
 fn the_longest_names_and_names_git_refuses_work_in_the_git_store() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let remote = crate::common::gitd::bare_repo(&env.path("remote.git"));
+    let remote = crate::harness::gitd::bare_repo(&env.path("remote.git"));
     let url = format!("git:file://{}", remote.display());
     let cache = env.path("cache");
     let (skill, name) = long_names(64, 100, 100);
@@ -341,12 +341,12 @@ fn the_longest_names_and_names_git_refuses_work_in_the_git_store() {
 
 #[test]
 fn the_longest_names_work_in_the_etcd_store() {
-    let Some(ep) = crate::common::etcd_endpoint("edges27: the longest names on etcd") else {
+    let Some(ep) = crate::harness::etcd_endpoint("edges27: the longest names on etcd") else {
         return;
     };
     let env = TestEnv::new();
     let dir = env.dir("w");
-    let url = format!("etcd://{ep}{}", crate::common::etcd_prefix(&env, "edges27"));
+    let url = format!("etcd://{ep}{}", crate::harness::etcd_prefix(&env, "edges27"));
     let (skill, name) = long_names(64, 100, 100);
     let lock = Lock::new(&dir, &skill, &name).in_store(&url);
     let lower = Lock::new(&dir, &skill.to_lowercase(), &name).in_store(&url);
@@ -389,7 +389,7 @@ fn forge(repo: &Path, host: &str, note: &str) {
     let record = dir.join("owner.json");
     let forged = dir.join("forged.tmp");
     std::fs::copy(&record, &forged).unwrap();
-    crate::common::edit_json_file(&forged, &[("host", host.into()), ("note", note.into())]);
+    crate::harness::edit_json_file(&forged, &[("host", host.into()), ("note", note.into())]);
     std::fs::rename(forged, record).unwrap();
 }
 
@@ -518,7 +518,7 @@ fn the_hint_pastes_for_a_root_that_is_not_utf8_or_holds_controls() {
     ] {
         let dir = env.root.join(std::ffi::OsStr::from_bytes(name));
         std::fs::create_dir(&dir).unwrap();
-        crate::common::git(&dir, &["init", "-q"]);
+        crate::harness::git(&dir, &["init", "-q"]);
         let lock = Lock::new(&dir, "s", "o/r");
         let hint = hint_of(&lock);
         assert!(hint.contains(" --root "), "{hint}");
@@ -530,7 +530,7 @@ fn the_hint_pastes_for_a_root_that_is_not_utf8_or_holds_controls() {
 #[test]
 fn the_hint_pastes_for_a_relative_git_store_path() {
     let env = TestEnv::new();
-    crate::common::gitd::bare_repo(&env.path("coord.git"));
+    crate::harness::gitd::bare_repo(&env.path("coord.git"));
     let cwd = env.dir("w");
     let cache = env.path("cache");
     let elsewhere = env.dir("elsewhere");

@@ -6,11 +6,11 @@
 //!
 //! Covers: SPEC §7, §8.
 
-use crate::common;
+use crate::harness;
 
-use common::chaos::{Cluster, Tuning, have_etcd};
-use common::verbs::{self, Lock, Reply};
-use common::{Out, TestEnv};
+use harness::chaos::{Cluster, Tuning, have_etcd};
+use harness::verbs::{self, Lock, Reply};
+use harness::{Out, TestEnv};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};

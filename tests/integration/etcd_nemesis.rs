@@ -49,7 +49,7 @@
 //!
 //! Covers: SPEC §7, §8.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -57,12 +57,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::chaos::{
+use harness::chaos::{
     self, Cluster, Fault, Invoke, Mark, Proxy, Ran, Rng, Seed, Stats, StopOnDrop, Tuning,
     Violations, Witness, boot_ns, nap,
 };
-use common::verbs::{Lock, Reply};
-use common::{Cmd, TestEnv};
+use harness::verbs::{Lock, Reply};
+use harness::{Cmd, TestEnv};
 
 const BASE: u16 = 33500;
 const LOCKS: [(&str, &str); 3] = [("nemesis", "o/a"), ("nemesis", "o/b"), ("other", "o/a")];

@@ -10,12 +10,12 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::TestEnv;
-use common::chaos::{Proxy, Rng, Seed, Then};
-use common::http2::GrpcMessages;
-use common::verbs::{self, Lock, Reply};
+use harness::TestEnv;
+use harness::chaos::{Proxy, Rng, Seed, Then};
+use harness::http2::GrpcMessages;
+use harness::verbs::{self, Lock, Reply};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -79,12 +79,12 @@ fn race_once(lock: &Lock, list: &(dyn Fn() -> Reply + Sync), rng: &mut Rng) -> V
 #[test]
 fn a_reader_racing_a_release_answers_held_or_free_never_stale() {
     let test = "a_reader_racing_a_release_answers_held_or_free_never_stale";
-    let Some(ep) = common::etcd_endpoint(test) else {
+    let Some(ep) = harness::etcd_endpoint(test) else {
         return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "reads"));
+    let url = format!("etcd://{ep}{}", harness::etcd_prefix(&env, "reads"));
     let lock = Lock::new(&cwd, "race", "o/r").in_store(&url);
     let list = || lock.list();
     let seed = Seed::from_env(test, "SKILL_LOCK_READS_SEED");
@@ -183,15 +183,15 @@ fn put_all(env: &TestEnv, ep: &str, kvs: &[(String, Vec<u8>)], lease: &str) {
 #[test]
 fn list_reads_a_store_larger_than_a_grpc_message_in_pages() {
     let test = "list_reads_a_store_larger_than_a_grpc_message_in_pages";
-    let Some(ep) = common::etcd_endpoint(test) else {
+    let Some(ep) = harness::etcd_endpoint(test) else {
         return;
     };
-    if !common::have_programs(test, &[("curl", "--version")]) {
+    if !harness::have_programs(test, &[("curl", "--version")]) {
         return;
     }
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let prefix = common::etcd_prefix(&env, "reads");
+    let prefix = harness::etcd_prefix(&env, "reads");
     let url = format!("etcd://{ep}{prefix}");
     let note = "n".repeat(1000);
     let lock = Lock::new(&cwd, "big", "o/r").in_store(&url);
@@ -341,12 +341,12 @@ fn range_limit(msg: &[u8], prefix: &[u8]) -> Option<u64> {
 
 #[test]
 fn every_range_request_carries_a_limit() {
-    let Some(ep) = common::etcd_endpoint("every_range_request_carries_a_limit") else {
+    let Some(ep) = harness::etcd_endpoint("every_range_request_carries_a_limit") else {
         return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let prefix = common::etcd_prefix(&env, "reads");
+    let prefix = harness::etcd_prefix(&env, "reads");
     // Every gRPC message a client sends, through a tap on the proxy.
     let seen = Arc::new(Mutex::new(Vec::new()));
     let tap_seen = seen.clone();

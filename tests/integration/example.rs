@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common::verbs::Lock;
+use crate::harness::verbs::Lock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
 const SKILL: &str = "example-sweep";

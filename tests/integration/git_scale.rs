@@ -6,12 +6,12 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::gitd::bare_repo;
-use common::run_verbs::{GitState, json_bytes};
-use common::verbs::{Lock, Reply, reply};
-use common::{Cmd, Out, TestEnv};
+use harness::gitd::bare_repo;
+use harness::run_verbs::{GitState, json_bytes};
+use harness::verbs::{Lock, Reply, reply};
+use harness::{Cmd, Out, TestEnv};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -263,7 +263,7 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
 /// A `git` first on PATH that counts its invocations (one line each in
 /// `counter`) and runs the real one.
 fn counting_git(env: &TestEnv) -> (PathBuf, String) {
-    let real = crate::common::real_git();
+    let real = crate::harness::real_git();
     let bin = env.dir("wrapper");
     let counter = env.path("git-calls");
     let script = format!(

@@ -6,13 +6,13 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::gitd::bare_repo;
-use common::run_verbs::GitState;
-use common::stores::Store;
-use common::verbs::{Lock, Reply};
-use common::{TestEnv, Value};
+use harness::gitd::bare_repo;
+use harness::run_verbs::GitState;
+use harness::stores::Store;
+use harness::verbs::{Lock, Reply};
+use harness::{TestEnv, Value};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,7 @@ fn git_out(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn race(remote: &Store, cwd: &Path, n: usize) -> Vec<common::Out> {
+fn race(remote: &Store, cwd: &Path, n: usize) -> Vec<harness::Out> {
     // Four "machines", four processes each: fetches and cache creation race too.
     let kids: Vec<_> = (0..n)
         .map(|i| {
@@ -55,8 +55,8 @@ fn race_lock(remote: &Store, cwd: &Path, machine: usize) -> Lock {
     remote.lock_as(machine, cwd, "race", "o/r")
 }
 
-fn one_winner(outs: &[common::Out], what: &str) -> Reply {
-    let winners: Vec<&common::Out> = outs.iter().filter(|o| o.code == 0).collect();
+fn one_winner(outs: &[harness::Out], what: &str) -> Reply {
+    let winners: Vec<&harness::Out> = outs.iter().filter(|o| o.code == 0).collect();
     assert_eq!(
         winners.len(),
         1,
@@ -157,7 +157,7 @@ fn two_clones_contend_through_origin_and_plain_clones_never_see_lock_refs() {
     // served by a git daemon on loopback, as a forge serves it.
     let served = env.dir("served");
     let origin = bare_repo(&served.join("origin.git"));
-    let daemon = crate::common::gitd::Daemon::start(&served, 26400);
+    let daemon = crate::harness::gitd::Daemon::start(&served, 26400);
     let origin_url = daemon.url("origin.git");
     let seed = env.git_repo("seed");
     git_out(&seed, &["push", "-q", origin.to_str().unwrap(), "main"]);
@@ -380,7 +380,7 @@ fn a_remote_that_hangs_or_refuses_is_store_unavailable_within_the_bound() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
     // Accepts connections and never answers.
-    let port = common::gitd::free_port(24400);
+    let port = harness::gitd::free_port(24400);
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     let held = Arc::new(Mutex::new(Vec::new()));
     let keep = Arc::clone(&held);

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::verbs::{Call, Lock, Reply, try_reply};
-use crate::common::{Out, TestEnv, git};
+use crate::harness::verbs::{Call, Lock, Reply, try_reply};
+use crate::harness::{Out, TestEnv, git};
 
 const NAME: &str = "s@o__r";
 
@@ -327,7 +327,7 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
     // A `git` first on PATH that logs its arguments, then runs the real one.
     let bin = w.env.dir("bin");
     let log = w.env.root.join("argv.log");
-    let real = crate::common::real_git();
+    let real = crate::harness::real_git();
     std::fs::write(
         bin.join("git"),
         format!(

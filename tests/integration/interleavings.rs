@@ -11,7 +11,7 @@
 //!
 //! Covers: SPEC §7.
 
-use crate::common;
+use crate::harness;
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -20,9 +20,9 @@ use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{Record, json_bytes, read_json, spawn};
-use common::verbs::{Lock, Reply};
-use common::{Cmd, Out, TestEnv};
+use harness::run_verbs::{Record, json_bytes, read_json, spawn};
+use harness::verbs::{Lock, Reply};
+use harness::{Cmd, Out, TestEnv};
 
 const REPO: &str = "o/r";
 
@@ -177,7 +177,7 @@ fn waiters(proc_locks: &str, inode: u64) -> Vec<u32> {
 
 /// Waits (bounded) for a child and decodes its one JSON object.
 fn finish(child: Child) -> Out {
-    common::run_verbs::finish(child, Duration::from_secs(20))
+    harness::run_verbs::finish(child, Duration::from_secs(20))
 }
 
 fn show(outs: &[(&str, &Out)]) -> String {

@@ -18,8 +18,6 @@
 
 #[macro_use]
 mod harness;
-/// The old name of the harness, kept for tests written against `common::`.
-use harness as common;
 
 mod cli;
 mod conformance;

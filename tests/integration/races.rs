@@ -8,7 +8,7 @@
 //!
 //! Covers: SPEC §6, §7.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -20,10 +20,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::chaos::Seed;
-use common::run_verbs::wrapped;
-use common::verbs::{Holder, Lock, Reply};
-use common::{Cmd, Out, TestEnv};
+use harness::chaos::Seed;
+use harness::run_verbs::wrapped;
+use harness::verbs::{Holder, Lock, Reply};
+use harness::{Cmd, Out, TestEnv};
 
 const SKILL: &str = "race";
 const REPO: &str = "o/r";
@@ -510,7 +510,7 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
     );
     release_token(&repo, w.token(), w.must_fence());
     for sub in ["tmp", "tombs"] {
-        let left = common::tree(&run_dir.join(sub));
+        let left = harness::tree(&run_dir.join(sub));
         assert!(
             left.is_empty(),
             "run/{sub} not empty after a normal cycle: {left:?}"

@@ -7,7 +7,7 @@
 //! Covers: SPEC §2.7.
 #![cfg(target_os = "linux")]
 
-use crate::common;
+use crate::harness;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -17,9 +17,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{kill_leftover, names, reply_line, run_command};
-use common::verbs::{Lock, Reply};
-use common::{TestEnv, gone};
+use harness::run_verbs::{kill_leftover, names, reply_line, run_command};
+use harness::verbs::{Lock, Reply};
+use harness::{TestEnv, gone};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -40,7 +40,7 @@ impl World {
         let env = TestEnv::new();
         let repo = env.git_repo("r");
         let lock = if git {
-            common::stores::Store::git(&env, None).lock(&repo, SKILL, REPO)
+            harness::stores::Store::git(&env, None).lock(&repo, SKILL, REPO)
         } else {
             Lock::new(&repo, SKILL, REPO)
         };

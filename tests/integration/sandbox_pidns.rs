@@ -10,9 +10,9 @@
 use std::ffi::OsStr;
 use std::process::{Command, Stdio};
 
-use crate::common::run_verbs::wrapped;
-use crate::common::verbs::{Lock, Reply};
-use crate::common::{Cmd, Out, TestEnv};
+use crate::harness::run_verbs::wrapped;
+use crate::harness::verbs::{Lock, Reply};
+use crate::harness::{Cmd, Out, TestEnv};
 
 /// How `unshare` may make a pid namespace with its own `/proc` here.
 fn unshare_pid_args() -> Option<Vec<&'static str>> {

@@ -5,10 +5,10 @@
 //!
 //! Covers: SPEC §2.7, §8.
 
-use crate::common::run_verbs::{GitState, typed};
-use crate::common::stores::Store;
-use crate::common::verbs::{Reply, run_reply};
-use crate::common::{BIN, Out, TestEnv};
+use crate::harness::run_verbs::{GitState, typed};
+use crate::harness::stores::Store;
+use crate::harness::verbs::{Reply, run_reply};
+use crate::harness::{BIN, Out, TestEnv};
 use crate::git_store::{foreign_state, plant};
 use std::process::Command;
 

@@ -21,7 +21,7 @@
 //!
 //! Covers: SPEC §6, §7.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -30,9 +30,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::chaos::{self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns};
-use common::verbs::{Lock, Reply, TookOver};
-use common::{Cmd, TestEnv};
+use harness::chaos::{self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns};
+use harness::verbs::{Lock, Reply, TookOver};
+use harness::{Cmd, TestEnv};
 use skill_lock::history::{Event, EventKind};
 use skill_lock::record::OwnerRecord;
 
@@ -916,7 +916,7 @@ fn settle(world: &World) {
             world.violation(format!("final release: {}", ran.describe()));
         }
         let name = lock_name(lock);
-        let left: Vec<String> = common::tree(&world.run.join("tmp"))
+        let left: Vec<String> = harness::tree(&world.run.join("tmp"))
             .into_iter()
             .filter(|p| p.starts_with(&name))
             .collect();
@@ -1193,7 +1193,7 @@ fn ns_verdict(
 
 /// Holders inside fresh pid namespaces, killed at random moments.
 fn ns_inside(repo: &std::path::Path, unshare: &[&str], mut rng: Rng, w: &NsWorld) {
-    let bin = common::BIN;
+    let bin = harness::BIN;
     while !w.stop.load(Ordering::Relaxed) {
         let ttl = rng.range(1, 2);
         let script = format!(

@@ -6,7 +6,7 @@
 //!
 //! Covers: SPEC §2.1, §2.7.
 
-use crate::common;
+use crate::harness;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,9 +15,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{FenceLog, KillOnDrop, finish, finish_output, run_command, until};
-use common::verbs::{Call, Holder, Lock, Reply, run_reply};
-use common::{BIN, Cmd, TestEnv, gone};
+use harness::run_verbs::{FenceLog, KillOnDrop, finish, finish_output, run_command, until};
+use harness::verbs::{Call, Holder, Lock, Reply, run_reply};
+use harness::{BIN, Cmd, TestEnv, gone};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -250,7 +250,7 @@ fn run_passes_stdio_through_and_exits_with_the_status_of_cmd() {
     let raw = finish_output(child, Duration::from_secs(20));
     feeder.join().unwrap();
     assert_eq!(raw.stdout, input, "stdout differs from stdin");
-    let out = common::Out::from(raw);
+    let out = harness::Out::from(raw);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(run_reply(&out).exit_status(), 0, "{}", out.stderr);
     assert_eq!(lock.state(), "free");
@@ -1004,7 +1004,7 @@ fn a_run_resumed_after_its_lease_ended_stops_cmd_and_never_revives_the_lease() {
 /// either way.
 #[test]
 fn a_wait_at_a_terminal_says_who_it_waits_for_and_a_script_hears_nothing() {
-    if !common::have_programs(
+    if !harness::have_programs(
         "a_wait_at_a_terminal_says_who_it_waits_for",
         &[("script", "--version")],
     ) {
