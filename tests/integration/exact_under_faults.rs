@@ -36,7 +36,7 @@ fn etcd(test: &str) -> Option<String> {
 }
 
 fn prefix(env: &TestEnv) -> String {
-    harness::etcd_prefix(env, "exact")
+    harness::etcd_prefix(env, "exact_under_faults")
 }
 
 /// The lock `skill` of `o/r` in `store`, seen from `cwd`.
