@@ -341,12 +341,16 @@ fn the_longest_names_and_names_git_refuses_work_in_the_git_store() {
 
 #[test]
 fn the_longest_names_work_in_the_etcd_store() {
-    let Some(ep) = crate::harness::etcd_endpoint("no_second_writer: the longest names on etcd") else {
+    let Some(ep) = crate::harness::etcd_endpoint("no_second_writer: the longest names on etcd")
+    else {
         return;
     };
     let env = TestEnv::new();
     let dir = env.dir("w");
-    let url = format!("etcd://{ep}{}", crate::harness::etcd_prefix(&env, "no_second_writer"));
+    let url = format!(
+        "etcd://{ep}{}",
+        crate::harness::etcd_prefix(&env, "no_second_writer")
+    );
     let (skill, name) = long_names(64, 100, 100);
     let lock = Lock::new(&dir, &skill, &name).in_store(&url);
     let lower = Lock::new(&dir, &skill.to_lowercase(), &name).in_store(&url);

@@ -5,11 +5,11 @@
 //!
 //! Covers: SPEC §2.7, §8.
 
+use crate::git_store::{foreign_state, plant};
 use crate::harness::run_verbs::{GitState, typed};
 use crate::harness::stores::Store;
 use crate::harness::verbs::{Reply, run_reply};
 use crate::harness::{BIN, Out, TestEnv};
-use crate::git_store::{foreign_state, plant};
 use std::process::Command;
 
 /// Seconds since the epoch of an RFC 3339 UTC timestamp the tool printed.

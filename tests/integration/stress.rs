@@ -30,7 +30,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use harness::chaos::{self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns};
+use harness::chaos::{
+    self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns,
+};
 use harness::verbs::{Lock, Reply, TookOver};
 use harness::{Cmd, TestEnv};
 use skill_lock::history::{Event, EventKind};
