@@ -6,7 +6,7 @@
 
 use crate::harness;
 
-use harness::verbs::Lock;
+use harness::Lock;
 use harness::{TestEnv, tree};
 use std::path::{Path, PathBuf};
 
@@ -194,7 +194,7 @@ fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
             Some(url) => call.store(url),
             None => call,
         };
-        let mut cmd = call.cmd().command();
+        let mut cmd = call.into_command();
         if root {
             cmd.uid(65534).gid(65534);
         }

@@ -8,7 +8,7 @@
 
 use crate::harness;
 
-use harness::verbs::{Lock, run_reply};
+use harness::Lock;
 use harness::{TestEnv, tree};
 use std::path::Path;
 
@@ -249,7 +249,7 @@ fn usage_errors_suggest_and_point_to_the_subcommands_help() {
         let out = env.cmd(&env.root).args(args).run();
         if args[0] == "run" {
             // run's object goes to stderr.
-            let r = run_reply(&out).is("error");
+            let r = out.run_reply().is("error");
             assert_eq!(r.error(), "usage", "{}", out.stderr);
             return r.message().to_owned();
         }

@@ -12,7 +12,7 @@
 use crate::harness;
 
 use harness::TestEnv;
-use harness::verbs::{Lock, Reply};
+use harness::{Lock, Reply};
 use std::time::Duration;
 
 /// Is `s` an RFC 3339 time to the second, in UTC (`2026-01-02T03:04:05Z`)?
@@ -207,10 +207,7 @@ store_test!(
         let mut last_fence = 0;
         for round in 0..4 {
             let kids: Vec<_> = (0..20)
-                .map(|_| {
-                    let mut cmd = lock.op("acquire").ttl(60).cmd().command();
-                    cmd.stdout(std::process::Stdio::piped()).spawn().unwrap()
-                })
+                .map(|_| lock.op("acquire").ttl(60).spawn())
                 .collect();
             let outs: Vec<harness::Out> = kids
                 .into_iter()
@@ -360,7 +357,7 @@ fn a_dead_first_endpoint_does_not_fail_the_command() {
 fn since_status(lock: &Lock, between: impl FnOnce()) -> Reply {
     let since = lock.status_fence();
     between();
-    lock.acquire_since(since, &[])
+    lock.op("acquire").since(since).reply()
 }
 
 /// `status` of a lock, split: its state and its fence.
@@ -403,7 +400,7 @@ store_test!(
         // A fence above anything the store knows (its history was reset or
         // trimmed, or the fence came from elsewhere): it cannot tell.
         let known = lock.status_fence().unwrap();
-        let a = lock.acquire_since(Some(known + 1000), &[]);
+        let a = lock.op("acquire").since(Some(known + 1000)).reply();
         assert_eq!(a.others_since(), Some(true), "{url}");
         lock.release(a.token());
         // Status showed a stale lock (its owner died): taking it over says
@@ -413,7 +410,7 @@ store_test!(
         kill(child);
         let (state, since) = status_of(&lock);
         assert_eq!((state.as_str(), since), ("stale", Some(dead.must_fence())));
-        let a = lock.acquire_since(since, &[]);
+        let a = lock.op("acquire").since(since).reply();
         assert!(a.took_over().is_some(), "{a:?}");
         assert_eq!(a.others_since(), Some(false), "{url}");
         lock.release(a.token());

@@ -15,7 +15,7 @@ use harness::chaos::{Proxy, Then};
 use harness::http2::FrameWatch;
 
 use harness::TestEnv;
-use harness::verbs::{Lock, Reply};
+use harness::{Lock, Reply};
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;

@@ -20,7 +20,7 @@ use crate::harness;
 
 use harness::TestEnv;
 use harness::chaos::{self, Tuning};
-use harness::verbs::{Lock, Reply};
+use harness::{Lock, Reply};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
@@ -157,7 +157,9 @@ fn every_command_works_through_a_connect_proxy_with_credentials() {
     let at = |env: &[(&str, &str)]| lock_with(&cwd, "tunnel", &url, env);
     let lock = at(&[("HTTPS_PROXY", via.as_str())]);
     let token = lock
-        .acquire_with(&["--note", "via proxy"])
+        .op("acquire")
+        .note("via proxy")
+        .reply()
         .token()
         .to_owned();
     assert!(matches!(lock.status(), Reply::Status { state, .. } if state == "held"));

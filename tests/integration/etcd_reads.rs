@@ -15,7 +15,7 @@ use crate::harness;
 use harness::TestEnv;
 use harness::chaos::{Proxy, Rng, Seed, Then};
 use harness::http2::GrpcMessages;
-use harness::verbs::{self, Lock, Reply};
+use harness::{Lock, Reply};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,7 @@ fn word(reply: &Reply) -> String {
 /// `check` with the holder's token, `list`) run at the same moment; every
 /// answer must be held or free. Returns the answers seen.
 fn race_once(lock: &Lock, list: &(dyn Fn() -> Reply + Sync), rng: &mut Rng) -> Vec<String> {
-    let token = lock.acquire_with(&["--ttl", "3600"]).token().to_owned();
+    let token = lock.op("acquire").ttl(3600).reply().token().to_owned();
     let start = Instant::now() + Duration::from_millis(30);
     let delays: Vec<u64> = (0..6).map(|_| rng.below(25)).collect();
     std::thread::scope(|s| {
@@ -196,7 +196,10 @@ fn list_reads_a_store_larger_than_a_grpc_message_in_pages() {
     let note = "n".repeat(1000);
     let lock = Lock::new(&cwd, "big", "o/r").in_store(&url);
     let token = lock
-        .acquire_with(&["--ttl", "3600", "--note", &note])
+        .op("acquire")
+        .ttl(3600)
+        .note(&note)
+        .reply()
         .token()
         .to_owned();
     let key = format!("{prefix}locks/big@o__r");
@@ -244,7 +247,7 @@ fn list_reads_a_store_larger_than_a_grpc_message_in_pages() {
         .store_op("list")
         .run();
     let took = began.elapsed();
-    let Reply::List { locks, .. } = verbs::reply(&out) else {
+    let Reply::List { locks, .. } = out.reply() else {
         panic!("list of {total} bytes: {}", out.stdout)
     };
     println!("list of 3,004 locks, {total} bytes under one prefix: {took:?}");

@@ -7,7 +7,7 @@
 
 use crate::harness;
 
-use harness::verbs::{Lock, Reply};
+use harness::{Lock, Reply};
 use harness::{TestEnv, chaos};
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -21,9 +21,9 @@ use harness::chaos::{Fault, Proxy, Then};
 use harness::http2::FrameWatch;
 
 use base64::Engine as _;
+use harness::Lock;
 use harness::etcdctl;
-use harness::run_verbs::set_field;
-use harness::verbs::Lock;
+use harness::set_field;
 use harness::{TestEnv, Value};
 use skill_lock::record::Timestamp;
 use std::io::Write;

@@ -12,8 +12,8 @@
 use crate::harness;
 
 use harness::chaos::Seed;
-use harness::verbs::{Lock, Reply};
 use harness::{BIN, TestEnv};
+use harness::{Lock, Reply};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -92,14 +92,7 @@ fn sigkill_while_the_layer_is_first_created_never_leaves_it_stuck() {
     let mut killed = 0;
     for i in 0..120 {
         let repo = bare_checkout(&env, &format!("k{i}"));
-        let mut child = lock(&repo)
-            .op("acquire")
-            .cmd()
-            .command()
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = lock(&repo).op("acquire").quiet().spawn();
         std::thread::sleep(Duration::from_micros(rng.below(4000)));
         if child.kill().is_ok() {
             killed += 1;
@@ -237,14 +230,7 @@ fn a_process_stopped_inside_the_guard_costs_ten_seconds_not_forever() {
     unsafe { libc::kill(group, libc::SIGSTOP) };
     std::thread::sleep(Duration::from_millis(2100));
     let start = Instant::now();
-    let mut child = lock(&repo)
-        .op("acquire")
-        .cmd()
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = lock(&repo).op("acquire").spawn();
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
             break Some(st);
@@ -591,7 +577,7 @@ fn since_a_fence_the_store_forgot_cannot_be_answered_false() {
         }
     };
     let cycle = |since: Option<u64>| {
-        let a = lock.acquire_since(since, &[]);
+        let a = lock.op("acquire").since(since).reply();
         assert!(matches!(a, Reply::Acquired { .. }), "{a:?}");
         lock.release(a.token());
         a.others_since().unwrap()

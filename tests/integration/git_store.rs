@@ -8,13 +8,13 @@
 
 use crate::harness;
 
+use harness::GitState;
 use harness::gitd::bare_repo;
-use harness::run_verbs::GitState;
 use harness::stores::Store;
-use harness::verbs::{Lock, Reply};
+use harness::{Lock, Reply};
 use harness::{TestEnv, Value};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,17 +33,7 @@ fn git_out(dir: &Path, args: &[&str]) -> String {
 fn race(remote: &Store, cwd: &Path, n: usize) -> Vec<harness::Out> {
     // Four "machines", four processes each: fetches and cache creation race too.
     let kids: Vec<_> = (0..n)
-        .map(|i| {
-            race_lock(remote, cwd, i % 4)
-                .op("acquire")
-                .ttl(60)
-                .cmd()
-                .command()
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|i| race_lock(remote, cwd, i % 4).op("acquire").ttl(60).spawn())
         .collect();
     kids.into_iter()
         .map(|k| k.wait_with_output().unwrap().into())
@@ -487,7 +477,7 @@ fn a_lock_never_seen_here_is_believed_absent_and_a_wrong_belief_changes_nothing(
     let cwd = env.dir("w");
     let remote = Store::git(&env, None);
     let host = |n: usize| remote.lock_as(n, &cwd, "s", "o/r");
-    let first = host(1).acquire_since(None, &[]).is("acquired");
+    let first = host(1).op("acquire").since(None).reply().is("acquired");
     assert_eq!(first.fence(), Some(1));
     assert_eq!(first.others_since(), Some(false));
     // Held by another host: refused, and its holder still holds it.
@@ -495,12 +485,12 @@ fn a_lock_never_seen_here_is_believed_absent_and_a_wrong_belief_changes_nothing(
     host(1).check(first.token()).is("held");
     host(1).release(first.token()).is("released");
     // Free, but taken once: the next fence, and nobody since fence 1 ...
-    let third = host(3).acquire_since(Some(1), &[]).is("acquired");
+    let third = host(3).op("acquire").since(Some(1)).reply().is("acquired");
     assert_eq!(third.fence(), Some(2));
     assert_eq!(third.others_since(), Some(false));
     host(3).release(third.token()).is("released");
     // ... while a run that saw no fence learns that someone was there.
-    let fourth = host(4).acquire_since(None, &[]).is("acquired");
+    let fourth = host(4).op("acquire").since(None).reply().is("acquired");
     assert_eq!(fourth.fence(), Some(3));
     assert_eq!(fourth.others_since(), Some(true));
     host(2).acquire().is("already_running");

@@ -7,7 +7,7 @@
 use crate::harness;
 
 use harness::TestEnv;
-use harness::verbs::{HistoryEvent, Lock};
+use harness::{HistoryEvent, Lock};
 use std::collections::HashMap;
 
 #[test]

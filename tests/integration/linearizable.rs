@@ -45,7 +45,7 @@
 use crate::harness;
 
 use harness::chaos::{self, Invoke, Proxy, Rng, Seed, Slot, boot_ns};
-use harness::verbs::{self, Lock, Reply};
+use harness::{Lock, Reply};
 use harness::{TestEnv, wall_ms};
 use skill_lock::record::Timestamp;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
@@ -502,7 +502,7 @@ fn ms_of(time: &str) -> i64 {
 /// The answer of one invocation, read as the model's (from its typed
 /// mirror: the exit status the one its result means).
 fn read_answer(op: &Op, code: i32, reply: &Reply, ret_ms: i64) -> Option<Ret> {
-    let fence_of = |h: &Option<verbs::Holder>| h.as_ref().map(|h| h.fence);
+    let fence_of = |h: &Option<harness::Holder>| h.as_ref().map(|h| h.fence);
     let owner_dead = |reason: Option<&str>| reason == Some("owner_dead");
     Some(match (op, code, reply) {
         (
@@ -600,7 +600,7 @@ fn run_call(target: &Target, slot: &Slot, op: &Op, lock: &str) -> (Option<Ret>, 
     if let Some(token) = token {
         extra.extend(["--token", token.as_str()]);
     }
-    let cmd = (target.make)(lock).cmd(verb, &extra).command();
+    let cmd = (target.make)(lock).op(verb).args(&extra).into_command();
     let how = Invoke {
         slot: Some(slot),
         ..Invoke::default()

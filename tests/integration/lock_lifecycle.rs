@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use crate::harness::verbs::{Lock, Reply};
 use crate::harness::{BIN, TestEnv};
+use crate::harness::{Lock, Reply};
 
 #[test]
 fn a_lock_lives_and_dies_by_its_token() {

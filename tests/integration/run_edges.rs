@@ -17,9 +17,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use harness::run_verbs::{kill_leftover, names, reply_line, run_command};
-use harness::verbs::{Lock, Reply};
+use harness::{Lock, Reply};
 use harness::{TestEnv, gone};
+use harness::{kill_leftover, names, reply_line};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -62,7 +62,9 @@ impl World {
     /// process group of its own when `own_group`.
     fn spawn_run(&self, ttl: u64, script: &str, args: &[&Path], own_group: bool) -> Child {
         let args: Vec<&str> = args.iter().map(|p| p.to_str().unwrap()).collect();
-        let mut cmd = run_command(self.lock.op("run").ttl(ttl).sh(script, &args), false);
+        let mut cmd = (self.lock.op("run").ttl(ttl).sh(script, &args))
+            .default_signals(false)
+            .into_command();
         if own_group {
             cmd.process_group(0);
         }

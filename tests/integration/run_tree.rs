@@ -19,9 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use harness::run_verbs::{FenceLog, kill_leftover, names, run_command};
-use harness::verbs::Lock;
+use harness::Lock;
 use harness::{BIN, TestEnv, gone};
+use harness::{FenceLog, kill_leftover, names};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -99,12 +99,7 @@ impl World {
     /// defaults, output discarded, and `setsid` first when asked.
     fn spawn_run(&self, ttl: u64, script: &str, own_session: bool) -> Child {
         let call = self.lock().op("run").ttl(ttl).command(["sh", "-c", script]);
-        run_command(call, own_session)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the binary starts")
+        call.default_signals(own_session).quiet().spawn()
     }
 
     /// Waits until the writer has written (so it runs, under fence `fence`).

@@ -3,7 +3,7 @@
 //! small helpers of a fault thread (a nap that stops early, signals).
 
 use crate::harness::Out;
-use crate::harness::verbs::Reply;
+use crate::harness::Reply;
 use std::io::ErrorKind;
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
