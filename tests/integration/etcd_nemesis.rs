@@ -449,7 +449,7 @@ fn run_worker(world: &World, id: usize, mut rng: Rng, stop: &AtomicBool) {
             .with_env("NEMESIS_WRITES", writes.to_string())
             .with_env("NEMESIS_SEED", rng.next().to_string())
             .op("run")
-            .args(&writer);
+            .args(writer);
         let what = format!("run {skill} --repo {repo} --ttl {ttl} -- writer");
         let ran = world.invoke(c, what.clone(), false);
         match ran.run_reply() {

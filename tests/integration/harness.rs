@@ -21,10 +21,13 @@ mod records;
 mod reply;
 mod verbs;
 pub use cmd::{BIN, Cmd, Out, finish, finish_output};
+// Some are used only by the Linux-only modules (run_edges, run_tree).
+#[cfg_attr(not(target_os = "linux"), allow(unused_imports))]
 pub use leftovers::{FenceLog, KillOnDrop, kill_leftover, names};
 pub use records::{
     GitState, Record, edit_json_file, json_bytes, json_file_field, read_json, set_field, typed,
 };
+#[cfg_attr(not(target_os = "linux"), allow(unused_imports))]
 pub use reply::{HistoryEvent, Holder, Reply, TookOver, reply_line};
 pub use verbs::Lock;
 

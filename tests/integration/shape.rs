@@ -177,15 +177,15 @@ fn scan(
             i += 3;
             continue;
         }
-        if ident_is(Some(tt), "macro_rules") && punct_is(tts.get(i + 1), '!') {
-            if let (Some(TokenTree::Ident(name)), Some(TokenTree::Group(body))) =
+        if ident_is(Some(tt), "macro_rules")
+            && punct_is(tts.get(i + 1), '!')
+            && let (Some(TokenTree::Ident(name)), Some(TokenTree::Group(body))) =
                 (tts.get(i + 2), tts.get(i + 3))
-            {
-                macros.insert(name.to_string(), mods_spelled(&inside(body)));
-                attrs.clear();
-                i += 4;
-                continue;
-            }
+        {
+            macros.insert(name.to_string(), mods_spelled(&inside(body)));
+            attrs.clear();
+            i += 4;
+            continue;
         }
         match tt {
             TokenTree::Ident(name) if punct_is(tts.get(i + 1), '!') => {
