@@ -19,8 +19,9 @@
 //!    inline modules part of it; the code of `#[cfg(test)]` modules, inline
 //!    or in files of their own, is left out. An edge goes from a module to
 //!    every module a path in its code names: `crate::a::b`, `super::…` and
-//!    `self::…`, in a `use` (braces expanded), in code or in a macro's
-//!    arguments, resolved to the deepest module the path reaches. The rule:
+//!    `self::…`, in a `use` (braces expanded), in code, in a macro's
+//!    arguments or in a `macro_rules!` body (counted where it is written),
+//!    resolved to the deepest module the path reaches. The rule:
 //!    for every module P, collapse each child's subtree into that child and
 //!    draw the edges between P's children (a reference from anywhere under
 //!    child A to anywhere under child B is A → B); that sibling graph must
@@ -182,7 +183,12 @@ fn scan(
             && let (Some(TokenTree::Ident(name)), Some(TokenTree::Group(body))) =
                 (tts.get(i + 2), tts.get(i + 3))
         {
-            macros.insert(name.to_string(), mods_spelled(&inside(body)));
+            let body = inside(body);
+            macros.insert(name.to_string(), mods_spelled(&body));
+            // Its paths count where it is written (its `mod`s where it expands).
+            let mut spelled = Scan::default();
+            scan(&body, inline, marked_test, macros, &mut spelled);
+            out.paths.extend(spelled.paths);
             attrs.clear();
             i += 4;
             continue;
@@ -592,6 +598,7 @@ fn the_circle_check_finds_a_planted_circle() {
     let mut found = Scan::default();
     let code = "use crate::{a::x, b};\n// crate::c\nlet s = \"crate::c\";\n\
                 f!(super::super::d::g());\n$crate::e::h();\n\
+                macro_rules! m { () => { mod n; crate::f::i() }; }\n\
                 #[cfg(test)]\nmod tests {\n    use crate::c;\n}\n";
     scan(
         &lex(code),
@@ -610,7 +617,8 @@ fn the_circle_check_finds_a_planted_circle() {
         [
             (vec!["crate", "a", "x"], 1),
             (vec!["crate", "b"], 1),
-            (vec!["super", "super", "d", "g"], 4)
+            (vec!["super", "super", "d", "g"], 4),
+            (vec!["crate", "f", "i"], 6)
         ]
     );
 }
