@@ -12,7 +12,7 @@
 use crate::harness;
 
 use harness::chaos::Seed;
-use harness::{BIN, TestEnv};
+use harness::{BIN, Cmd, TestEnv};
 use harness::{Lock, Reply};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -284,8 +284,7 @@ fn one_lock_whatever_the_spelling() {
             ("issue-triage", "apache/airflow"),
             ("ISSUE-TRIAGE", "apache/airflow.git"),
         ] {
-            let out = env
-                .cmd(cwd)
+            let out = Cmd::new(cwd)
                 .args(&args)
                 .args(["acquire", skill, "--repo", r])
                 .run();
@@ -715,8 +714,7 @@ fn roots_and_personal_layers() {
     let a = triage(&env.root).op("acquire").root("folder").reply();
     let want = format!("{}/.apache-magpie-local/run/locks/", plain.display());
     assert!(a.is("acquired").lock().starts_with(&want));
-    let before = env
-        .cmd(&env.root)
+    let before = Cmd::new(&env.root)
         .arg("--root")
         .arg(&plain)
         .args(["status", "issue-triage", "--repo", "apache/airflow"])

@@ -104,11 +104,6 @@ impl TestEnv {
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
-
-    /// The binary, to be run in `cwd`.
-    pub fn cmd(&self, cwd: &Path) -> Cmd {
-        Cmd::new(cwd)
-    }
 }
 
 pub fn git(dir: &Path, args: &[&str]) {

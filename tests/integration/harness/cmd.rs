@@ -68,6 +68,7 @@ impl Cmd {
         self.verb.as_deref().unwrap_or("")
     }
 
+    /// Appends one raw argument.
     pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
         self.inner.arg(a);
         self

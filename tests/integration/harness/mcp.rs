@@ -233,9 +233,8 @@ impl Raw {
 }
 
 /// `state` of `skill-lock status triage --repo apache/airflow` in `root`.
-pub fn status_state(env: &TestEnv, root: &Path) -> String {
-    let out = env
-        .cmd(root)
+pub fn status_state(root: &Path) -> String {
+    let out = Cmd::new(root)
         .args(["status", "triage", "--repo", "apache/airflow"])
         .run();
     out.json["state"].as_str().unwrap_or_default().to_owned()
