@@ -6,10 +6,10 @@
 //!
 //! Covers: SPEC §2, §3.
 
-use crate::common;
+use crate::harness;
 
-use common::verbs::{Lock, run_reply};
-use common::{TestEnv, tree};
+use harness::Lock;
+use harness::{Cmd, TestEnv, tree};
 use std::path::Path;
 
 #[test]
@@ -91,7 +91,7 @@ fn bad_input_is_refused_with_nothing_created() {
         ),
     ];
     for (args, code) in cases {
-        let out = env.cmd(&repo).args(*args).run();
+        let out = Cmd::new(&repo).args(*args).run();
         assert_eq!(out.reply().error(), *code, "{args:?}: {}", out.stdout);
         out.expect_error(code);
     }
@@ -110,15 +110,13 @@ fn non_utf8_arguments_are_refused() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
     let bad = OsStr::from_bytes(b"s\xff");
-    let out = env
-        .cmd(&repo)
+    let out = Cmd::new(&repo)
         .arg("acquire")
         .arg(bad)
         .args(["--repo", "a/b"])
         .run();
     out.expect_error("invalid_skill");
-    let out = env
-        .cmd(&repo)
+    let out = Cmd::new(&repo)
         .args(["acquire", "s", "--repo", "a/b", "--note"])
         .arg(bad)
         .run();
@@ -128,7 +126,7 @@ fn non_utf8_arguments_are_refused() {
 #[test]
 fn help_and_version_are_text_and_exit_zero() {
     let env = TestEnv::new();
-    let h = env.cmd(&env.root).arg("--help").run();
+    let h = Cmd::new(&env.root).arg("--help").run();
     assert_eq!(h.code, 0);
     for word in [
         "acquire",
@@ -142,7 +140,7 @@ fn help_and_version_are_text_and_exit_zero() {
     ] {
         assert!(h.stdout.contains(word), "--help lacks {word}");
     }
-    let v = env.cmd(&env.root).arg("--version").run();
+    let v = Cmd::new(&env.root).arg("--version").run();
     assert_eq!(
         (v.code, v.stdout.trim()),
         (
@@ -150,13 +148,13 @@ fn help_and_version_are_text_and_exit_zero() {
             format!("skill-lock {}", env!("CARGO_PKG_VERSION")).as_str()
         )
     );
-    let a = env.cmd(&env.root).args(["acquire", "--help"]).run();
+    let a = Cmd::new(&env.root).args(["acquire", "--help"]).run();
     assert!(a.code == 0 && a.stdout.contains("--owner-pid"));
 }
 
 /// The write phase shown by `--help`, as a script: its lines, unindented.
 fn help_write_phase(env: &TestEnv) -> String {
-    let help = env.cmd(&env.root).arg("--help").run().stdout;
+    let help = Cmd::new(&env.root).arg("--help").run().stdout;
     let start = help
         .find("Typical write phase")
         .expect("--help shows the write phase");
@@ -203,7 +201,7 @@ fn the_help_write_phase_matches_the_docs_and_runs_under_set_euo_pipefail() {
     assert!(script.contains("--since $since") && docs.contains("--since <fence>"));
     // `skill-lock` on PATH is the binary under test.
     let bin = env.dir("bin");
-    std::os::unix::fs::symlink(common::BIN, bin.join("skill-lock")).unwrap();
+    std::os::unix::fs::symlink(harness::BIN, bin.join("skill-lock")).unwrap();
     let path = format!("{}:/usr/bin:/bin", bin.display());
     let repo = env.git_repo("r");
     let run = || {
@@ -246,10 +244,10 @@ fn the_help_write_phase_matches_the_docs_and_runs_under_set_euo_pipefail() {
 fn usage_errors_suggest_and_point_to_the_subcommands_help() {
     let env = TestEnv::new();
     let msg = |args: &[&str]| {
-        let out = env.cmd(&env.root).args(args).run();
+        let out = Cmd::new(&env.root).args(args).run();
         if args[0] == "run" {
             // run's object goes to stderr.
-            let r = run_reply(&out).is("error");
+            let r = out.run_reply().is("error");
             assert_eq!(r.error(), "usage", "{}", out.stderr);
             return r.message().to_owned();
         }

@@ -9,10 +9,10 @@
 //!
 //! Covers: SPEC §2, §2.1, §2.4, §3, §4, §7, §8.
 
-use crate::common;
+use crate::harness;
 
-use common::TestEnv;
-use common::verbs::{Lock, Reply};
+use harness::TestEnv;
+use harness::{Lock, Reply};
 use std::time::Duration;
 
 /// Is `s` an RFC 3339 time to the second, in UTC (`2026-01-02T03:04:05Z`)?
@@ -57,7 +57,7 @@ store_test!(
         assert!((least..=601).contains(&left), "{url}: {left}");
         // Not on PATH here: the hint names this program by its absolute path.
         let hint = held.hint();
-        let want = format!("{} release issue-triage --repo Apache/AIRFLOW --force", common::BIN);
+        let want = format!("{} release issue-triage --repo Apache/AIRFLOW --force", harness::BIN);
         assert!(hint.starts_with(&want), "{hint}");
         let status = store.lock(&cwd, "issue-triage", "Apache/Airflow").status();
         assert_eq!(status.state(), "held");
@@ -207,16 +207,13 @@ store_test!(
         let mut last_fence = 0;
         for round in 0..4 {
             let kids: Vec<_> = (0..20)
-                .map(|_| {
-                    let mut cmd = lock.op("acquire").ttl(60).cmd().command();
-                    cmd.stdout(std::process::Stdio::piped()).spawn().unwrap()
-                })
+                .map(|_| lock.op("acquire").ttl(60).spawn())
                 .collect();
-            let outs: Vec<common::Out> = kids
+            let outs: Vec<harness::Out> = kids
                 .into_iter()
                 .map(|k| k.wait_with_output().unwrap().into())
                 .collect();
-            let replies: Vec<Reply> = outs.iter().map(common::Out::reply).collect();
+            let replies: Vec<Reply> = outs.iter().map(harness::Out::reply).collect();
             let winners: Vec<&Reply> = replies.iter().filter(|r| r.result() == "acquired").collect();
             assert_eq!(winners.len(), 1, "{} round {round}: {replies:?}", store.url);
             assert!(
@@ -294,7 +291,7 @@ store_test!(
 fn two_projects_sharing_one_etcd_contend() {
     let env = TestEnv::new();
     let test = "conformance::two_projects_sharing_one_etcd_contend";
-    let Some(store) = common::stores::Store::open("etcd", &env, test) else {
+    let Some(store) = harness::stores::Store::open("etcd", &env, test) else {
         return;
     };
     let one = env.git_repo("laptop/airflow");
@@ -342,7 +339,7 @@ fn an_unreachable_cluster_is_store_unavailable_in_bounded_time() {
 #[test]
 fn a_dead_first_endpoint_does_not_fail_the_command() {
     let env = TestEnv::new();
-    let Some(eps) = common::etcd_endpoints("a_dead_first_endpoint_does_not_fail_the_command")
+    let Some(eps) = harness::etcd_endpoints("a_dead_first_endpoint_does_not_fail_the_command")
     else {
         return;
     };
@@ -360,7 +357,7 @@ fn a_dead_first_endpoint_does_not_fail_the_command() {
 fn since_status(lock: &Lock, between: impl FnOnce()) -> Reply {
     let since = lock.status_fence();
     between();
-    lock.acquire_since(since, &[])
+    lock.op("acquire").since(since).reply()
 }
 
 /// `status` of a lock, split: its state and its fence.
@@ -403,7 +400,7 @@ store_test!(
         // A fence above anything the store knows (its history was reset or
         // trimmed, or the fence came from elsewhere): it cannot tell.
         let known = lock.status_fence().unwrap();
-        let a = lock.acquire_since(Some(known + 1000), &[]);
+        let a = lock.op("acquire").since(Some(known + 1000)).reply();
         assert_eq!(a.others_since(), Some(true), "{url}");
         lock.release(a.token());
         // Status showed a stale lock (its owner died): taking it over says
@@ -413,7 +410,7 @@ store_test!(
         kill(child);
         let (state, since) = status_of(&lock);
         assert_eq!((state.as_str(), since), ("stale", Some(dead.must_fence())));
-        let a = lock.acquire_since(since, &[]);
+        let a = lock.op("acquire").since(since).reply();
         assert!(a.took_over().is_some(), "{a:?}");
         assert_eq!(a.others_since(), Some(false), "{url}");
         lock.release(a.token());

@@ -68,9 +68,9 @@
 //! (what every store grants exactly) and then waited out with a margin
 //! (5 s, once per store); `--wait 1` on a lock held throughout.
 
-use crate::common;
+use crate::harness;
 
-use common::TestEnv;
+use harness::TestEnv;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use sha2::Digest;
 use std::ffi::OsString;
@@ -129,7 +129,7 @@ impl Target {
         let exe = std::env::var_os("SKILL_LOCK_CORPUS_EXE")
             .filter(|v| !v.is_empty())
             .map(|p| std::fs::canonicalize(&p).unwrap_or_else(|e| panic!("{p:?}: {e}")))
-            .unwrap_or_else(|| PathBuf::from(common::BIN));
+            .unwrap_or_else(|| PathBuf::from(harness::BIN));
         let wrapper = std::env::var_os("SKILL_LOCK_CORPUS_WRAPPER")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
@@ -210,7 +210,7 @@ fn replay(store: Store) {
         return;
     }
     let etcd = match store {
-        Store::Etcd => match common::etcd_endpoints(&test) {
+        Store::Etcd => match harness::etcd_endpoints(&test) {
             Some(e) => Some(e),
             None => return,
         },
@@ -357,7 +357,7 @@ struct World {
 
 /// What one invocation printed, kept for the scenarios that read a reply.
 struct Ran {
-    out: common::Out,
+    out: harness::Out,
 }
 
 impl Ran {
@@ -388,7 +388,7 @@ impl World {
                 header.push_str("# store: file (the default: the personal layer of <tmp>/repo, a git repository)\n");
             }
             Store::Git => {
-                let remote = common::gitd::bare_repo(&env.path("remote.git"));
+                let remote = harness::gitd::bare_repo(&env.path("remote.git"));
                 vars.push((
                     "SKILL_LOCK_STORE",
                     format!("git:file://{}", remote.display()).into(),
@@ -522,7 +522,7 @@ impl World {
                 took.as_secs_f64()
             );
         }
-        let out = common::Out::from(output);
+        let out = harness::Out::from(output);
         self.count += 1;
         let mut line = String::new();
         if let Some(dir) = cwd {
@@ -568,7 +568,7 @@ impl World {
         for (k, v) in &self.vars {
             cmd.env(k, v);
         }
-        let out = common::Out::from(
+        let out = harness::Out::from(
             cmd.args(["status", skill, "--repo", REPO])
                 .stdin(Stdio::null())
                 .output()

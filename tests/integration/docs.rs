@@ -70,15 +70,19 @@ fn man_pages_and_completions_name_every_command_and_option() {
 /// any directory (it needs no project and no store), for every shell.
 #[test]
 fn completions_print_a_script_for_every_shell() {
-    let env = crate::common::TestEnv::new();
+    let env = crate::harness::TestEnv::new();
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
-        let out = env.cmd(&env.root).args(["completions", shell]).run();
+        let out = crate::harness::Cmd::new(&env.root)
+            .args(["completions", shell])
+            .run();
         assert_eq!(out.code, 0, "{shell}: {}", out.stderr);
         for word in ["skill-lock", "acquire", "owner-pid"] {
             assert!(out.stdout.contains(word), "{shell} completion lacks {word}");
         }
     }
-    let out = env.cmd(&env.root).args(["completions", "tcsh"]).run();
+    let out = crate::harness::Cmd::new(&env.root)
+        .args(["completions", "tcsh"])
+        .run();
     out.expect_error("usage");
 }
 

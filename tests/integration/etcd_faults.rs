@@ -6,11 +6,11 @@
 //!
 //! Covers: SPEC §7, §8.
 
-use crate::common;
+use crate::harness;
 
-use common::chaos::{Cluster, Tuning, have_etcd};
-use common::verbs::{self, Lock, Reply};
-use common::{Out, TestEnv};
+use harness::chaos::{Cluster, Tuning, have_etcd};
+use harness::{Lock, Reply};
+use harness::{Out, TestEnv};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -42,7 +42,7 @@ fn leader_sigkill_keeps_the_lock_and_its_token_works_through_survivors() {
     let cwd = env.dir("w");
     let c = cluster(&env, 33100);
     let lock = lock(&c.url("leader-kill"), &cwd);
-    let a = lock.acquire_with(&["--ttl", "30", "--note", "before"]);
+    let a = lock.op("acquire").ttl(30).note("before").reply();
     let token = a.token().to_owned();
     let leader = c.leader().expect("a leader");
     let killed = Instant::now();
@@ -80,7 +80,7 @@ fn a_dead_holder_elsewhere_is_taken_over_no_earlier_than_its_lease() {
     let holder = Lock::new(&cwd, "s", "o/r")
         .in_store(&url)
         .with_env("SKILL_LOCK_HOST", "laptop");
-    let token = holder.acquire_with(&["--ttl", "4"]).token().to_owned();
+    let token = holder.op("acquire").ttl(4).reply().token().to_owned();
     let mut killed = Instant::now();
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(1300));
@@ -90,7 +90,7 @@ fn a_dead_holder_elsewhere_is_taken_over_no_earlier_than_its_lease() {
     }
     let here = lock(&url, &cwd);
     let taken = loop {
-        match here.acquire_with(&["--ttl", "30"]) {
+        match here.op("acquire").ttl(30).reply() {
             Reply::Acquired { .. } => break killed.elapsed(),
             Reply::AlreadyRunning { .. } => {}
             other => panic!("{other:?}"),
@@ -122,25 +122,18 @@ fn a_stopped_member_never_lets_a_second_holder_appear() {
     let c = cluster(&env, 33300);
     let url = c.url("partition");
     let lock = lock(&url, &cwd);
-    let token = lock.acquire_with(&["--ttl", "60"]).token().to_owned();
+    let token = lock.op("acquire").ttl(60).reply().token().to_owned();
     let racer = Lock::new(&cwd, "s", "o/r")
         .in_store(&url)
         .with_env("SKILL_LOCK_ETCD_TIMEOUT", "6");
     for victim in [c.leader().expect("a leader"), 0] {
         c.signal(victim, libc::SIGSTOP);
         let racers: Vec<_> = (0..6)
-            .map(|_| {
-                racer
-                    .cmd("acquire", &["--ttl", "60"])
-                    .command()
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
+            .map(|_| racer.op("acquire").ttl(60).spawn())
             .collect();
         for r in racers {
             let out = Out::from(r.wait_with_output().unwrap());
-            match verbs::reply(&out) {
+            match out.reply() {
                 Reply::AlreadyRunning { .. } => {}
                 Reply::Error { error, .. } if error == "store_unavailable" => {}
                 other => panic!("a second holder appeared, or worse: {other:?}"),
@@ -180,8 +173,10 @@ fn run_on_a_frozen_cluster_stops_its_command_before_the_lease_ends() {
     // The store by the environment: `--store` would land after `--`, in CMD.
     let mut run = Lock::new(&cwd, "frozen", "o/r")
         .with_env("SKILL_LOCK_STORE", &url)
-        .cmd("run", &["--ttl", "4", "--", "sh", "-c", &script])
-        .command();
+        .op("run")
+        .ttl(4)
+        .command(["sh", "-c", &script])
+        .into_command();
     run.stdout(Stdio::null()).stderr(Stdio::piped());
     let child = run.spawn().unwrap();
     let started = Instant::now();
@@ -215,7 +210,7 @@ fn run_on_a_frozen_cluster_stops_its_command_before_the_lease_ends() {
         c.signal(i, libc::SIGCONT);
     }
     let out = Out::from(out);
-    let ran = verbs::run_reply(&out);
+    let ran = out.run_reply();
     assert!(
         matches!(ran, Reply::Ran { lost: true, .. }),
         "run must say it lost the lease: {ran:?}"

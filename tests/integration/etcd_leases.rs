@@ -10,12 +10,12 @@
 //!
 //! Covers: SPEC §7, §8.
 
-use crate::common;
-use common::chaos::{Proxy, Then};
-use common::http2::FrameWatch;
+use crate::harness;
+use harness::chaos::{Proxy, Then};
+use harness::http2::FrameWatch;
 
-use common::TestEnv;
-use common::verbs::{Lock, Reply};
+use harness::TestEnv;
+use harness::{Lock, Reply};
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
@@ -23,11 +23,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 fn etcd(test: &str) -> Option<String> {
-    common::etcd_endpoint(test)
+    harness::etcd_endpoint(test)
 }
 
 fn prefix(env: &TestEnv) -> String {
-    common::etcd_prefix(env, "leases")
+    harness::etcd_prefix(env, "leases")
 }
 
 /// The lock `skill` of `o/r` in the etcd store `store`, seen from `cwd`.

@@ -49,7 +49,7 @@
 //!
 //! Covers: SPEC §7, §8.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -57,12 +57,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::chaos::{
+use harness::chaos::{
     self, Cluster, Fault, Invoke, Mark, Proxy, Ran, Rng, Seed, Stats, StopOnDrop, Tuning,
     Violations, Witness, boot_ns, nap,
 };
-use common::verbs::{Lock, Reply};
-use common::{Cmd, TestEnv};
+use harness::{Cmd, TestEnv};
+use harness::{Lock, Reply};
 
 const BASE: u16 = 33500;
 const LOCKS: [(&str, &str); 3] = [("nemesis", "o/a"), ("nemesis", "o/b"), ("other", "o/a")];
@@ -206,7 +206,7 @@ impl World {
     fn call(&self, i: usize, verb: &str, extra: &[&str]) -> Ran {
         let (skill, repo) = LOCKS[i];
         let what = format!("{verb} {skill} --repo {repo}");
-        self.invoke(self.lock(i).cmd(verb, extra), what, true)
+        self.invoke(self.lock(i).op(verb).args(extra), what, true)
     }
 
     /// Runs one command; `bounded`: it must answer within the store's
@@ -217,7 +217,7 @@ impl World {
             hard: Some(HARD),
             ..Invoke::default()
         };
-        let ran = chaos::invoke(cmd.command(), how);
+        let ran = chaos::invoke(cmd.into_command(), how);
         let took = ran.took();
         let ms = took.as_millis() as u64;
         if bounded && self.stats.max("max_ms", ms) < ms {
@@ -448,7 +448,8 @@ fn run_worker(world: &World, id: usize, mut rng: Rng, stop: &AtomicBool) {
             .with_env("NEMESIS_WORKER", id.to_string())
             .with_env("NEMESIS_WRITES", writes.to_string())
             .with_env("NEMESIS_SEED", rng.next().to_string())
-            .cmd("run", &writer);
+            .op("run")
+            .args(writer);
         let what = format!("run {skill} --repo {repo} --ttl {ttl} -- writer");
         let ran = world.invoke(c, what.clone(), false);
         match ran.run_reply() {

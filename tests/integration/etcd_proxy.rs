@@ -16,11 +16,11 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::TestEnv;
-use common::chaos::{self, Tuning};
-use common::verbs::{Lock, Reply};
+use harness::TestEnv;
+use harness::chaos::{self, Tuning};
+use harness::{Lock, Reply};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
@@ -145,7 +145,7 @@ fn lock_with(cwd: &Path, skill: &str, url: &str, env: &[(&str, &str)]) -> Lock {
 #[test]
 fn every_command_works_through_a_connect_proxy_with_credentials() {
     let test = "every_command_works_through_a_connect_proxy_with_credentials";
-    let Some(ep) = common::etcd_endpoint(test) else {
+    let Some(ep) = harness::etcd_endpoint(test) else {
         return;
     };
     let env = TestEnv::new();
@@ -153,11 +153,13 @@ fn every_command_works_through_a_connect_proxy_with_credentials() {
     // "user:p@ss w" as Basic credentials.
     let proxy = ConnectProxy::start(Answer::Tunnel(Some("dXNlcjpwQHNzIHc=".into())));
     let via = format!("http://user:p%40ss%20w@127.0.0.1:{}/", proxy.port);
-    let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "proxy"));
+    let url = format!("etcd://{ep}{}", harness::etcd_prefix(&env, "proxy"));
     let at = |env: &[(&str, &str)]| lock_with(&cwd, "tunnel", &url, env);
     let lock = at(&[("HTTPS_PROXY", via.as_str())]);
     let token = lock
-        .acquire_with(&["--note", "via proxy"])
+        .op("acquire")
+        .note("via proxy")
+        .reply()
         .token()
         .to_owned();
     assert!(matches!(lock.status(), Reply::Status { state, .. } if state == "held"));
@@ -207,13 +209,13 @@ fn proxy_without_credentials() -> ConnectProxy {
 
 #[test]
 fn no_proxy_forms_reach_the_endpoint_directly() {
-    let Some(ep) = common::etcd_endpoint("no_proxy_forms_reach_the_endpoint_directly") else {
+    let Some(ep) = harness::etcd_endpoint("no_proxy_forms_reach_the_endpoint_directly") else {
         return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
     let proxy = proxy_without_credentials();
-    let prefix = common::etcd_prefix(&env, "proxy");
+    let prefix = harness::etcd_prefix(&env, "proxy");
     let port = ep.rsplit_once(':').unwrap().1.to_owned();
     let by_ip = format!("etcd://127.0.0.1:{port}{prefix}");
     let by_name = format!("etcd://localhost:{port}{prefix}");
@@ -255,7 +257,7 @@ fn no_proxy_forms_reach_the_endpoint_directly() {
 #[test]
 fn a_no_proxy_endpoint_unreachable_directly_is_tried_through_the_proxy() {
     let test = "a_no_proxy_endpoint_unreachable_directly_is_tried_through_the_proxy";
-    let Some(ep) = common::etcd_endpoint(test) else {
+    let Some(ep) = harness::etcd_endpoint(test) else {
         return;
     };
     let env = TestEnv::new();
@@ -266,7 +268,7 @@ fn a_no_proxy_endpoint_unreachable_directly_is_tried_through_the_proxy() {
     let proxy = ConnectProxy::start_to(Answer::Tunnel(None), Some(ep));
     let url = format!(
         "etcd://{nothing_here}{}",
-        common::etcd_prefix(&env, "proxy")
+        harness::etcd_prefix(&env, "proxy")
     );
     let via = proxy.url();
     let e = [
@@ -284,12 +286,12 @@ fn a_no_proxy_endpoint_unreachable_directly_is_tried_through_the_proxy() {
 #[test]
 fn a_proxy_that_refuses_or_is_not_there_is_store_unavailable_naming_it() {
     let test = "a_proxy_that_refuses_or_is_not_there_is_store_unavailable_naming_it";
-    let Some(ep) = common::etcd_endpoint(test) else {
+    let Some(ep) = harness::etcd_endpoint(test) else {
         return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "proxy"));
+    let url = format!("etcd://{ep}{}", harness::etcd_prefix(&env, "proxy"));
     let at = |env: &[(&str, &str)]| lock_with(&cwd, "refused", &url, env);
     let forbid = ConnectProxy::start(Answer::Forbid);
     let with_secret = format!("http://me:hunter2@127.0.0.1:{}", forbid.port);
@@ -342,7 +344,7 @@ fn a_proxy_that_refuses_or_is_not_there_is_store_unavailable_naming_it() {
 #[test]
 fn tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys() {
     let test = "tls_through_the_proxy_checks_the_endpoints_name_not_the_proxys";
-    if !common::have_programs(test, &[("etcd", "--version"), ("openssl", "version")]) {
+    if !harness::have_programs(test, &[("etcd", "--version"), ("openssl", "version")]) {
         return;
     }
     let env = TestEnv::new();

@@ -10,12 +10,12 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::TestEnv;
-use common::chaos::{Proxy, Rng, Seed, Then};
-use common::http2::GrpcMessages;
-use common::verbs::{self, Lock, Reply};
+use harness::TestEnv;
+use harness::chaos::{Proxy, Rng, Seed, Then};
+use harness::http2::GrpcMessages;
+use harness::{Lock, Reply};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,7 @@ fn word(reply: &Reply) -> String {
 /// `check` with the holder's token, `list`) run at the same moment; every
 /// answer must be held or free. Returns the answers seen.
 fn race_once(lock: &Lock, list: &(dyn Fn() -> Reply + Sync), rng: &mut Rng) -> Vec<String> {
-    let token = lock.acquire_with(&["--ttl", "3600"]).token().to_owned();
+    let token = lock.op("acquire").ttl(3600).reply().token().to_owned();
     let start = Instant::now() + Duration::from_millis(30);
     let delays: Vec<u64> = (0..6).map(|_| rng.below(25)).collect();
     std::thread::scope(|s| {
@@ -79,12 +79,12 @@ fn race_once(lock: &Lock, list: &(dyn Fn() -> Reply + Sync), rng: &mut Rng) -> V
 #[test]
 fn a_reader_racing_a_release_answers_held_or_free_never_stale() {
     let test = "a_reader_racing_a_release_answers_held_or_free_never_stale";
-    let Some(ep) = common::etcd_endpoint(test) else {
+    let Some(ep) = harness::etcd_endpoint(test) else {
         return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let url = format!("etcd://{ep}{}", common::etcd_prefix(&env, "reads"));
+    let url = format!("etcd://{ep}{}", harness::etcd_prefix(&env, "reads"));
     let lock = Lock::new(&cwd, "race", "o/r").in_store(&url);
     let list = || lock.list();
     let seed = Seed::from_env(test, "SKILL_LOCK_READS_SEED");
@@ -183,20 +183,23 @@ fn put_all(env: &TestEnv, ep: &str, kvs: &[(String, Vec<u8>)], lease: &str) {
 #[test]
 fn list_reads_a_store_larger_than_a_grpc_message_in_pages() {
     let test = "list_reads_a_store_larger_than_a_grpc_message_in_pages";
-    let Some(ep) = common::etcd_endpoint(test) else {
+    let Some(ep) = harness::etcd_endpoint(test) else {
         return;
     };
-    if !common::have_programs(test, &[("curl", "--version")]) {
+    if !harness::have_programs(test, &[("curl", "--version")]) {
         return;
     }
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let prefix = common::etcd_prefix(&env, "reads");
+    let prefix = harness::etcd_prefix(&env, "reads");
     let url = format!("etcd://{ep}{prefix}");
     let note = "n".repeat(1000);
     let lock = Lock::new(&cwd, "big", "o/r").in_store(&url);
     let token = lock
-        .acquire_with(&["--ttl", "3600", "--note", &note])
+        .op("acquire")
+        .ttl(3600)
+        .note(&note)
+        .reply()
         .token()
         .to_owned();
     let key = format!("{prefix}locks/big@o__r");
@@ -244,7 +247,7 @@ fn list_reads_a_store_larger_than_a_grpc_message_in_pages() {
         .store_op("list")
         .run();
     let took = began.elapsed();
-    let Reply::List { locks, .. } = verbs::reply(&out) else {
+    let Reply::List { locks, .. } = out.reply() else {
         panic!("list of {total} bytes: {}", out.stdout)
     };
     println!("list of 3,004 locks, {total} bytes under one prefix: {took:?}");
@@ -341,12 +344,12 @@ fn range_limit(msg: &[u8], prefix: &[u8]) -> Option<u64> {
 
 #[test]
 fn every_range_request_carries_a_limit() {
-    let Some(ep) = common::etcd_endpoint("every_range_request_carries_a_limit") else {
+    let Some(ep) = harness::etcd_endpoint("every_range_request_carries_a_limit") else {
         return;
     };
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let prefix = common::etcd_prefix(&env, "reads");
+    let prefix = harness::etcd_prefix(&env, "reads");
     // Every gRPC message a client sends, through a tap on the proxy.
     let seen = Arc::new(Mutex::new(Vec::new()));
     let tap_seen = seen.clone();

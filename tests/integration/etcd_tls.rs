@@ -5,10 +5,10 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::verbs::{Lock, Reply};
-use common::{TestEnv, chaos};
+use harness::{Lock, Reply};
+use harness::{TestEnv, chaos};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -90,7 +90,7 @@ pub fn make_pki(dir: &Path) {
 
 #[test]
 fn etcds_with_a_private_ca_and_client_certificates() {
-    if !common::have_programs(
+    if !harness::have_programs(
         "the etcd TLS test",
         &[("etcd", "--version"), ("openssl", "version")],
     ) {

@@ -9,11 +9,11 @@
 //!
 //! Covers: SPEC §2.1, §2.4, §2.5, §4, §5, §6, §7, §8.
 
-use crate::common;
+use crate::harness;
 
-use common::chaos::Seed;
-use common::verbs::{Lock, Reply};
-use common::{BIN, TestEnv};
+use harness::chaos::Seed;
+use harness::{BIN, Cmd, TestEnv};
+use harness::{Lock, Reply};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -92,14 +92,7 @@ fn sigkill_while_the_layer_is_first_created_never_leaves_it_stuck() {
     let mut killed = 0;
     for i in 0..120 {
         let repo = bare_checkout(&env, &format!("k{i}"));
-        let mut child = lock(&repo)
-            .op("acquire")
-            .cmd()
-            .command()
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = lock(&repo).op("acquire").quiet().spawn();
         std::thread::sleep(Duration::from_micros(rng.below(4000)));
         if child.kill().is_ok() {
             killed += 1;
@@ -237,14 +230,7 @@ fn a_process_stopped_inside_the_guard_costs_ten_seconds_not_forever() {
     unsafe { libc::kill(group, libc::SIGSTOP) };
     std::thread::sleep(Duration::from_millis(2100));
     let start = Instant::now();
-    let mut child = lock(&repo)
-        .op("acquire")
-        .cmd()
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = lock(&repo).op("acquire").spawn();
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
             break Some(st);
@@ -266,7 +252,7 @@ fn a_process_stopped_inside_the_guard_costs_ten_seconds_not_forever() {
     }
     holder.wait().unwrap();
     assert!(status.is_some(), "acquire still waiting after {waited:?}");
-    let out = common::Out::from(out);
+    let out = harness::Out::from(out);
     let msg = out.error_message("store_unavailable");
     assert!(msg.contains(&pid.to_string()), "names the process: {msg}");
     assert!(
@@ -298,8 +284,7 @@ fn one_lock_whatever_the_spelling() {
             ("issue-triage", "apache/airflow"),
             ("ISSUE-TRIAGE", "apache/airflow.git"),
         ] {
-            let out = env
-                .cmd(cwd)
+            let out = Cmd::new(cwd)
                 .args(&args)
                 .args(["acquire", skill, "--repo", r])
                 .run();
@@ -450,7 +435,7 @@ fn an_owner_in_another_pid_namespace_is_judged_by_its_lease_alone() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let owner = common::json_file_field(&lock_record(&repo), "owner_pid");
+    let owner = harness::json_file_field(&lock_record(&repo), "owner_pid");
     assert_eq!(owner, 1, "the record's owner_pid");
     // Outside, pid 1 is another process: never judged, so never taken over.
     assert_eq!(state(&repo), "held");
@@ -468,7 +453,7 @@ fn a_record_from_another_machine_with_the_same_hostname_is_judged_by_its_lease()
     let a = lock(&repo).op("acquire").owner_pid(child.id()).reply();
     a.is("acquired");
     // A cloned VM or a `--hostname` container: same hostname, another machine and boot.
-    common::edit_json_file(
+    harness::edit_json_file(
         &lock_record(&repo),
         &[
             ("machine", "0123456789abcdef0123456789abcdef".into()),
@@ -553,20 +538,20 @@ fn a_takeover_that_cannot_write_leaves_the_stale_lock_as_it_was() {
 
 /// Runs `script` with `sh` in a private user and mount namespace (so it may
 /// mount); None (the test is skipped, and says so) where that is not allowed.
-fn in_private_mounts(repo: &Path, script: &str) -> Option<common::Out> {
+fn in_private_mounts(repo: &Path, script: &str) -> Option<harness::Out> {
     let out = Command::new("unshare")
         .args(["-r", "-m", "sh", "-c", script])
         .current_dir(repo)
         .output();
     match out {
-        Ok(o) if !common::Out::from(o.clone()).is_one_object() => {
+        Ok(o) if !harness::Out::from(o.clone()).is_one_object() => {
             eprintln!(
                 "SKIPPED: no private mounts here: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
             );
             None
         }
-        Ok(o) => Some(common::Out::from(o)),
+        Ok(o) => Some(harness::Out::from(o)),
         Err(e) => {
             eprintln!("SKIPPED: no unshare ({e})");
             None
@@ -591,7 +576,7 @@ fn since_a_fence_the_store_forgot_cannot_be_answered_false() {
         }
     };
     let cycle = |since: Option<u64>| {
-        let a = lock.acquire_since(since, &[]);
+        let a = lock.op("acquire").since(since).reply();
         assert!(matches!(a, Reply::Acquired { .. }), "{a:?}");
         lock.release(a.token());
         a.others_since().unwrap()
@@ -672,7 +657,7 @@ fn modes_are_private() {
     let repo = env.git_repo("r");
     triage(&repo).acquire().is("acquired");
     let p = repo.join(".git/apache-magpie");
-    for rel in common::tree(&p) {
+    for rel in harness::tree(&p) {
         let meta = std::fs::metadata(p.join(&rel)).unwrap();
         let mode = meta.permissions().mode() & 0o777;
         let want = if meta.is_dir() { 0o700 } else { 0o600 };
@@ -729,8 +714,7 @@ fn roots_and_personal_layers() {
     let a = triage(&env.root).op("acquire").root("folder").reply();
     let want = format!("{}/.apache-magpie-local/run/locks/", plain.display());
     assert!(a.is("acquired").lock().starts_with(&want));
-    let before = env
-        .cmd(&env.root)
+    let before = Cmd::new(&env.root)
         .arg("--root")
         .arg(&plain)
         .args(["status", "issue-triage", "--repo", "apache/airflow"])
@@ -743,7 +727,7 @@ fn roots_and_personal_layers() {
     // The temp dir may sit below a checkout on odd machines; only judge when it does not.
     if !Path::new("/tmp/.git").exists() {
         out.expect_error("no_root");
-        assert!(common::tree(&nowhere).is_empty());
+        assert!(harness::tree(&nowhere).is_empty());
     }
     Lock::new(&nowhere, "issue-triage", "a/b")
         .op("status")
@@ -787,10 +771,10 @@ fn list_names_the_checkouts_store_and_reading_creates_nothing() {
     );
     // Read-only in a fresh checkout: creates nothing.
     let fresh = env.git_repo("fresh");
-    let before = common::tree(&fresh);
+    let before = harness::tree(&fresh);
     Lock::new(&fresh, "s", "o/r").list().is("list");
     Lock::new(&fresh, "s", "o/r").status().is("status");
-    assert_eq!(common::tree(&fresh), before);
+    assert_eq!(harness::tree(&fresh), before);
 }
 
 /// `list` streams its locks in the order of SPEC §2.5: by skill, then by repo

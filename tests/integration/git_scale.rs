@@ -6,12 +6,12 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::gitd::bare_repo;
-use common::run_verbs::{GitState, json_bytes};
-use common::verbs::{Lock, Reply, reply};
-use common::{Cmd, Out, TestEnv};
+use harness::gitd::bare_repo;
+use harness::{Cmd, Out, TestEnv};
+use harness::{GitState, json_bytes};
+use harness::{Lock, Reply};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -71,7 +71,7 @@ struct Measured {
 /// child of the test process had the test process's own peak, which under
 /// load is that of every test running beside it.
 fn run_measured(env: &TestEnv, cmd: Cmd) -> (Out, i64) {
-    let cmd = cmd.command();
+    let cmd = cmd.into_command();
     let dir = tempfile::tempdir_in(&env.root).unwrap();
     let text = |s: &std::ffi::OsStr| s.to_str().unwrap().to_owned();
     let spec = Measured {
@@ -214,9 +214,9 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
                 .with_env("SKILL_LOCK_STORE", &url)
                 .with_env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache{i}")));
             let cmd = if verb == "list" {
-                lock.store_op("list").cmd()
+                lock.store_op("list")
             } else {
-                lock.cmd(verb, &[])
+                lock.op(verb)
             };
             let start = Instant::now();
             let (out, peak) = run_measured(&env, cmd);
@@ -228,7 +228,7 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
                 "{what}: peak RSS {peak} KiB (a process read the record whole)"
             );
             assert!(took < Duration::from_secs(10), "{what}: took {took:?}");
-            match reply(&out) {
+            match out.reply() {
                 Reply::Status {
                     state,
                     stale_reason,
@@ -263,7 +263,7 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
 /// A `git` first on PATH that counts its invocations (one line each in
 /// `counter`) and runs the real one.
 fn counting_git(env: &TestEnv) -> (PathBuf, String) {
-    let real = crate::common::real_git();
+    let real = crate::harness::real_git();
     let bin = env.dir("wrapper");
     let counter = env.path("git-calls");
     let script = format!(
@@ -363,11 +363,10 @@ fn list_reads_10_and_5000_locks_in_the_same_number_of_git_processes() {
                 .with_env("SKILL_LOCK_STORE", &url)
                 .with_env("SKILL_LOCK_GIT_CACHE", env.path(&format!("cache-{name}")))
                 .store_op("list")
-                .cmd()
                 .run();
             let took = start.elapsed();
             let calls = std::fs::read_to_string(&counter).unwrap_or_default();
-            let Reply::List { locks, .. } = reply(&out) else {
+            let Reply::List { locks, .. } = out.reply() else {
                 panic!("{n} locks: {}", out.stdout);
             };
             assert_eq!(locks.len(), n, "{n} locks, run {run}");

@@ -6,15 +6,15 @@
 //!
 //! Covers: SPEC §8.
 
-use crate::common;
+use crate::harness;
 
-use common::gitd::bare_repo;
-use common::run_verbs::GitState;
-use common::stores::Store;
-use common::verbs::{Lock, Reply};
-use common::{TestEnv, Value};
+use harness::GitState;
+use harness::gitd::bare_repo;
+use harness::stores::Store;
+use harness::{Lock, Reply};
+use harness::{TestEnv, Value};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,20 +30,10 @@ fn git_out(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn race(remote: &Store, cwd: &Path, n: usize) -> Vec<common::Out> {
+fn race(remote: &Store, cwd: &Path, n: usize) -> Vec<harness::Out> {
     // Four "machines", four processes each: fetches and cache creation race too.
     let kids: Vec<_> = (0..n)
-        .map(|i| {
-            race_lock(remote, cwd, i % 4)
-                .op("acquire")
-                .ttl(60)
-                .cmd()
-                .command()
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|i| race_lock(remote, cwd, i % 4).op("acquire").ttl(60).spawn())
         .collect();
     kids.into_iter()
         .map(|k| k.wait_with_output().unwrap().into())
@@ -55,8 +45,8 @@ fn race_lock(remote: &Store, cwd: &Path, machine: usize) -> Lock {
     remote.lock_as(machine, cwd, "race", "o/r")
 }
 
-fn one_winner(outs: &[common::Out], what: &str) -> Reply {
-    let winners: Vec<&common::Out> = outs.iter().filter(|o| o.code == 0).collect();
+fn one_winner(outs: &[harness::Out], what: &str) -> Reply {
+    let winners: Vec<&harness::Out> = outs.iter().filter(|o| o.code == 0).collect();
     assert_eq!(
         winners.len(),
         1,
@@ -157,7 +147,7 @@ fn two_clones_contend_through_origin_and_plain_clones_never_see_lock_refs() {
     // served by a git daemon on loopback, as a forge serves it.
     let served = env.dir("served");
     let origin = bare_repo(&served.join("origin.git"));
-    let daemon = crate::common::gitd::Daemon::start(&served, 26400);
+    let daemon = crate::harness::gitd::Daemon::start(&served, 26400);
     let origin_url = daemon.url("origin.git");
     let seed = env.git_repo("seed");
     git_out(&seed, &["push", "-q", origin.to_str().unwrap(), "main"]);
@@ -380,7 +370,7 @@ fn a_remote_that_hangs_or_refuses_is_store_unavailable_within_the_bound() {
     let env = TestEnv::new();
     let cwd = env.dir("w");
     // Accepts connections and never answers.
-    let port = common::gitd::free_port(24400);
+    let port = harness::gitd::free_port(24400);
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     let held = Arc::new(Mutex::new(Vec::new()));
     let keep = Arc::clone(&held);
@@ -487,7 +477,7 @@ fn a_lock_never_seen_here_is_believed_absent_and_a_wrong_belief_changes_nothing(
     let cwd = env.dir("w");
     let remote = Store::git(&env, None);
     let host = |n: usize| remote.lock_as(n, &cwd, "s", "o/r");
-    let first = host(1).acquire_since(None, &[]).is("acquired");
+    let first = host(1).op("acquire").since(None).reply().is("acquired");
     assert_eq!(first.fence(), Some(1));
     assert_eq!(first.others_since(), Some(false));
     // Held by another host: refused, and its holder still holds it.
@@ -495,12 +485,12 @@ fn a_lock_never_seen_here_is_believed_absent_and_a_wrong_belief_changes_nothing(
     host(1).check(first.token()).is("held");
     host(1).release(first.token()).is("released");
     // Free, but taken once: the next fence, and nobody since fence 1 ...
-    let third = host(3).acquire_since(Some(1), &[]).is("acquired");
+    let third = host(3).op("acquire").since(Some(1)).reply().is("acquired");
     assert_eq!(third.fence(), Some(2));
     assert_eq!(third.others_since(), Some(false));
     host(3).release(third.token()).is("released");
     // ... while a run that saw no fence learns that someone was there.
-    let fourth = host(4).acquire_since(None, &[]).is("acquired");
+    let fourth = host(4).op("acquire").since(None).reply().is("acquired");
     assert_eq!(fourth.fence(), Some(3));
     assert_eq!(fourth.others_since(), Some(true));
     host(2).acquire().is("already_running");

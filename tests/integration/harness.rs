@@ -1,15 +1,36 @@
-//! A small harness shared by the integration tests: a temporary directory,
-//! real git/svn-like fixtures, and the real binary run with a cleared
-//! environment, its one JSON object decoded.
+//! The harness shared by the integration tests, reached by one name
+//! (`crate::harness`): a temporary world with real git/svn-like fixtures
+//! ([`TestEnv`]), the one way to run the binary ([`Cmd`], in `cmd.rs`) and
+//! what it printed ([`Out`]), the typed mirrors of its replies ([`Reply`],
+//! `reply.rs`), the verbs of one lock ([`Lock`], `verbs.rs`), the records a
+//! store keeps (`records.rs`), witnesses and leftovers of real processes
+//! (`leftovers.rs`); and kits reached by module: `chaos`, `stores`, `gitd`,
+//! `mcp`, `doctor`, `etcdctl`, `http2`.
 #![allow(dead_code)]
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub use serde_json::Value;
 
 pub mod chaos;
+mod cmd;
+mod leftovers;
+mod records;
+mod reply;
+mod verbs;
+pub use cmd::{BIN, Cmd, Out, finish, finish_output};
+// Some are used only by the Linux-only modules (run_edges, run_tree).
+#[cfg_attr(not(target_os = "linux"), allow(unused_imports))]
+pub use leftovers::{FenceLog, KillOnDrop, kill_leftover, names};
+pub use records::{
+    GitState, Record, edit_json_file, json_bytes, json_file_field, read_json, set_field, typed,
+};
+#[cfg_attr(not(target_os = "linux"), allow(unused_imports))]
+pub use reply::{HistoryEvent, Holder, Reply, TookOver, reply_line};
+pub use verbs::Lock;
+
 /// `doctor`'s object, typed.
 pub mod doctor;
 /// What `etcdctl` says about a cluster, asked by name.
@@ -21,9 +42,6 @@ pub mod mcp;
 /// Every store a conformance test runs on, and the macro that runs it there.
 #[macro_use]
 pub mod stores;
-
-/// Path of the binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
 
 /// A temporary world for one test.
 pub struct TestEnv {
@@ -86,11 +104,6 @@ impl TestEnv {
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
-
-    /// The binary, to be run in `cwd`.
-    pub fn cmd(&self, cwd: &Path) -> Cmd {
-        Cmd::new(cwd)
-    }
 }
 
 pub fn git(dir: &Path, args: &[&str]) {
@@ -103,156 +116,6 @@ pub fn git(dir: &Path, args: &[&str]) {
         .status()
         .expect("git runs");
     assert!(st.success(), "git {args:?} failed");
-}
-
-/// One invocation of the binary, built fluently.
-pub struct Cmd {
-    inner: Command,
-}
-
-impl Cmd {
-    pub fn new(cwd: &Path) -> Self {
-        let mut inner = Command::new(BIN);
-        inner.current_dir(cwd).env_clear();
-        if let Some(path) = std::env::var_os("PATH") {
-            inner.env("PATH", path);
-        }
-        Self { inner }
-    }
-
-    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
-        self.inner.arg(a);
-        self
-    }
-
-    pub fn args<I, S>(mut self, a: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<OsStr>,
-    {
-        self.inner.args(a);
-        self
-    }
-
-    pub fn env(mut self, k: &str, v: impl AsRef<OsStr>) -> Self {
-        self.inner.env(k, v);
-        self
-    }
-
-    pub fn command(self) -> Command {
-        self.inner
-    }
-
-    pub fn run(mut self) -> Out {
-        let out = self
-            .inner
-            .stdin(Stdio::null())
-            .output()
-            .expect("binary runs");
-        Out::from(out)
-    }
-}
-
-/// What one invocation printed.
-#[derive(Debug)]
-pub struct Out {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-    pub json: Value,
-}
-
-impl From<std::process::Output> for Out {
-    fn from(out: std::process::Output) -> Self {
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        let json = if stdout.ends_with('\n') && stdout.matches('\n').count() == 1 {
-            serde_json::from_str(&stdout).unwrap_or(Value::Null)
-        } else {
-            Value::Null
-        };
-        Self {
-            code: out.status.code().unwrap_or(-1),
-            stdout,
-            stderr,
-            json,
-        }
-    }
-}
-
-impl Out {
-    /// Asserts the exit status and the `result`, and returns the JSON. The
-    /// object must also read as its typed mirror ([`verbs::Reply`]: every
-    /// field known, of the right type, the exit status the one its result
-    /// means), so no test passes on an object the contract does not define.
-    #[track_caller]
-    pub fn expect(&self, code: i32, result: &str) -> &Value {
-        assert_eq!(
-            (self.code, self.json["result"].as_str()),
-            (code, Some(result)),
-            "stdout: {}\nstderr: {}",
-            self.stdout,
-            self.stderr
-        );
-        verbs::reply_of(self, &self.json);
-        &self.json
-    }
-
-    /// Asserts the exit status and the `result`, and returns the typed reply.
-    #[track_caller]
-    pub fn expect_reply(&self, code: i32, result: &str) -> verbs::Reply {
-        self.expect(code, result);
-        verbs::reply(self)
-    }
-
-    /// Asserts an error object with this code and exit status 2, and
-    /// returns its message.
-    #[track_caller]
-    pub fn error_message(&self, code: &str) -> String {
-        self.expect_error(code);
-        verbs::reply(self).message().to_owned()
-    }
-
-    /// The typed reply on stdout (the default way to read a result).
-    #[track_caller]
-    pub fn reply(&self) -> verbs::Reply {
-        verbs::reply(self)
-    }
-
-    /// Did it print one JSON object on one line (what every command but
-    /// `run` prints)?
-    pub fn is_one_object(&self) -> bool {
-        self.json.is_object()
-    }
-
-    /// Asserts an error object with this code and exit status 2.
-    #[track_caller]
-    pub fn expect_error(&self, code: &str) -> &Value {
-        let v = self.expect(2, "error");
-        assert_eq!(v["error"], code, "{}", self.stdout);
-        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
-        v
-    }
-}
-
-/// One field of a JSON object file (an owner record a store wrote), for a
-/// test about what is on disk rather than about a reply.
-#[track_caller]
-pub fn json_file_field(path: &Path, field: &str) -> Value {
-    let text = std::fs::read_to_string(path).unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v.get(field).cloned().unwrap_or(Value::Null)
-}
-
-/// Sets fields of a JSON object file, as a hand or another version would.
-#[track_caller]
-pub fn edit_json_file(path: &Path, fields: &[(&str, Value)]) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut v: Value = serde_json::from_str(&text).unwrap();
-    for (name, value) in fields {
-        v[*name] = value.clone();
-    }
-    std::fs::write(path, serde_json::to_vec(&v).unwrap()).unwrap();
 }
 
 /// Every file and directory below `dir`, relative, sorted.
@@ -343,12 +206,6 @@ pub fn etcd_prefix(env: &TestEnv, tag: &str) -> String {
     )
 }
 
-/// Verbs of `run`, races and stores beyond [`verbs`].
-pub mod run_verbs;
-/// A harness that speaks in verbs: `lock.acquire()`, `lock.check(&token)`,
-/// each returning a typed mirror of the wire object.
-pub mod verbs;
-
 /// The wall clock, milliseconds since the epoch (what `expires` is compared with).
 pub fn wall_ms() -> i64 {
     i64::try_from(
@@ -388,4 +245,17 @@ pub fn real_git() -> String {
             .stdout,
     )
     .unwrap()
+}
+
+/// Polls `f` every 20 ms until it gives a value; fails after `limit`.
+#[track_caller]
+pub fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "not {what} after {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -4,10 +4,10 @@
 //!
 //! Covers: SPEC §2.8, §7.
 
-use crate::common;
+use crate::harness;
 
-use common::TestEnv;
-use common::verbs::{HistoryEvent, Lock};
+use harness::TestEnv;
+use harness::{HistoryEvent, Lock};
 use std::collections::HashMap;
 
 #[test]

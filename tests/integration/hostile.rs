@@ -15,11 +15,10 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::verbs::{Call, Lock, Reply, try_reply};
-use crate::common::{Out, TestEnv, git};
+use crate::harness::{Cmd, Lock, Reply};
+use crate::harness::{Out, TestEnv, git};
 
 const NAME: &str = "s@o__r";
 
@@ -67,7 +66,7 @@ impl World {
     }
 
     /// `verb` on the lock, from the checkout.
-    fn op(&self, verb: &str) -> Call {
+    fn op(&self, verb: &str) -> Cmd {
         self.lock().op(verb)
     }
 
@@ -76,15 +75,6 @@ impl World {
         let a = self.op("acquire").ttl(60).reply().is("acquired");
         a.token().to_owned()
     }
-}
-
-/// `call`'s command, its output read by the test (for [`run_bounded`]).
-fn piped(call: Call) -> Command {
-    let mut c = call.cmd().command();
-    c.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
 }
 
 /// Every entry below `dir`: its kind, mode, size and content, links not followed.
@@ -117,8 +107,8 @@ fn fingerprint(dir: &Path) -> BTreeMap<String, String> {
 }
 
 /// Runs `cmd`, killed after `limit`; `None` when it had to be killed.
-fn run_bounded(mut cmd: Command, limit: Duration) -> Option<Out> {
-    let mut child = cmd.spawn().unwrap();
+fn run_bounded(cmd: Cmd, limit: Duration) -> Option<Out> {
+    let mut child = cmd.spawn();
     let mut stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let out_t = std::thread::spawn(move || {
@@ -156,7 +146,7 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Option<Out> {
 /// The one JSON object of an invocation (`run` prints it last on stderr),
 /// read typed.
 fn one_object(out: &Out, on_stderr: bool) -> Option<Reply> {
-    try_reply(out, on_stderr)
+    out.try_reply(on_stderr)
 }
 
 // ---------------------------------------------------------------------------
@@ -259,7 +249,7 @@ fn fifos_and_endless_files_never_hang_a_command() {
         ] {
             let args = call.verb().to_owned();
             let start = Instant::now();
-            let out = run_bounded(piped(call), Duration::from_secs(11))
+            let out = run_bounded(call, Duration::from_secs(11))
                 .unwrap_or_else(|| panic!("{args:?} with {what} at {at} hung"));
             assert!(start.elapsed() < Duration::from_secs(5), "{args:?} {at}");
             assert!(
@@ -327,7 +317,7 @@ fn credentials_never_show_in_output_or_in_process_arguments() {
     // A `git` first on PATH that logs its arguments, then runs the real one.
     let bin = w.env.dir("bin");
     let log = w.env.root.join("argv.log");
-    let real = crate::common::real_git();
+    let real = crate::harness::real_git();
     std::fs::write(
         bin.join("git"),
         format!(
@@ -594,7 +584,7 @@ fn every_plant_at_every_path_answers_and_touches_nothing_outside() {
                 calls += 1;
                 let verb = call.verb().to_owned();
                 let start = Instant::now();
-                let out = run_bounded(piped(call), Duration::from_secs(11)).unwrap_or_else(|| {
+                let out = run_bounded(call, Duration::from_secs(11)).unwrap_or_else(|| {
                     panic!("{args:?} with {what} at P/{rel} did not answer within 11 s")
                 });
                 slowest = slowest.max(start.elapsed());

@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::harness::run_verbs::set_field;
-use crate::harness::verbs::{Lock, Reply, reply, run_reply};
+use crate::harness::set_field;
 use crate::harness::{Cmd, Out, TestEnv, Value};
+use crate::harness::{Lock, Reply};
 
 pub(crate) const SKILL: &str = "issue-triage";
 pub(crate) const REPO: &str = "apache/airflow";
@@ -165,9 +165,9 @@ pub(crate) fn write(path: &Path, body: &str) {
 #[track_caller]
 pub(crate) fn answer(verb: &str, out: &Out) -> Reply {
     if verb == "run" {
-        run_reply(out)
+        out.run_reply()
     } else {
-        reply(out)
+        out.reply()
     }
 }
 
@@ -176,15 +176,15 @@ pub(crate) fn answer(verb: &str, out: &Out) -> Reply {
 pub(crate) fn every_command(cwd: &Path) -> Vec<(&'static str, Cmd)> {
     let lock = Lock::new(cwd, SKILL, REPO);
     vec![
-        ("acquire", lock.op("acquire").cmd()),
-        ("status", lock.op("status").cmd()),
-        ("list", lock.store_op("list").cmd()),
-        ("renew", lock.op("renew").force().cmd()),
-        ("check", lock.op("check").token(NO_TOKEN).cmd()),
-        ("history", lock.op("history").cmd()),
-        ("history", lock.store_op("history").cmd()),
-        ("run", lock.op("run").command(["true"]).cmd()),
-        ("release", lock.op("release").cmd()),
+        ("acquire", lock.op("acquire")),
+        ("status", lock.op("status")),
+        ("list", lock.store_op("list")),
+        ("renew", lock.op("renew").force()),
+        ("check", lock.op("check").token(NO_TOKEN)),
+        ("history", lock.op("history")),
+        ("history", lock.store_op("history")),
+        ("run", lock.op("run").command(["true"])),
+        ("release", lock.op("release")),
     ]
 }
 
@@ -628,11 +628,8 @@ fn committed_lock_state_in_a_git_clone_is_not_the_lock() {
     let ran = w.path("ran");
     let lock = Lock::new(&clone, SKILL, REPO);
     let runs = [
-        ("acquire", lock.op("acquire").cmd()),
-        (
-            "run",
-            lock.op("run").command([Path::new("touch"), &ran]).cmd(),
-        ),
+        ("acquire", lock.op("acquire")),
+        ("run", lock.op("run").command([Path::new("touch"), &ran])),
     ];
     for (verb, cmd) in runs {
         let out = cmd.run();
@@ -717,7 +714,7 @@ fn until_it_works(dir: &Path, verb: &str) -> Result<(), String> {
             "list" | "history" => lock.store_op(verb).run(),
             _ => lock.op(verb).run(),
         };
-        match reply(&out) {
+        match out.reply() {
             Reply::Acquired { token, .. } => {
                 return match lock.release(&token) {
                     Reply::Released { .. } => Ok(()),
@@ -737,7 +734,7 @@ fn until_it_works(dir: &Path, verb: &str) -> Result<(), String> {
                         .output()
                         .unwrap(),
                 );
-                match reply(&out) {
+                match out.reply() {
                     Reply::Released { .. } => seen.push(format!("released by the hint {hint}")),
                     other => return Err(format!("the hint {hint:?} answered {other:?}")),
                 }

@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::harness::verbs::{Lock, Reply};
+use crate::harness::{Lock, Reply};
 use crate::hostile_clone::{
     LOCAL, NAME, PAST, REPO, SKILL, World, answer, bare_repo_with_hooks, changes, contend,
     every_command, outside, real_state, snapshot, with, within, write,
@@ -130,12 +130,10 @@ fn with_origin(url: &Path) -> String {
 fn every_command_and_origin(cwd: &Path) -> Vec<(&'static str, crate::harness::Cmd)> {
     let mut all = every_command(cwd);
     let lock = Lock::new(cwd, SKILL, REPO);
-    all.push(("acquire", lock.op("acquire").store("git:origin").cmd()));
+    all.push(("acquire", lock.op("acquire").store("git:origin")));
     all.push((
         "acquire",
-        lock.op("acquire")
-            .env("SKILL_LOCK_STORE", "git:origin")
-            .cmd(),
+        lock.op("acquire").env("SKILL_LOCK_STORE", "git:origin"),
     ));
     all
 }

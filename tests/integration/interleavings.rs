@@ -11,7 +11,7 @@
 //!
 //! Covers: SPEC §7.
 
-use crate::common;
+use crate::harness;
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -20,9 +20,9 @@ use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{Record, json_bytes, read_json, spawn};
-use common::verbs::{Lock, Reply};
-use common::{Cmd, Out, TestEnv};
+use harness::{Cmd, Out, TestEnv};
+use harness::{Lock, Reply};
+use harness::{Record, json_bytes, read_json};
 
 const REPO: &str = "o/r";
 
@@ -62,7 +62,7 @@ impl Lab {
 
     /// `acquire --ttl 60` of `skill`, to be spawned.
     fn acquire_cmd(&self, skill: &str) -> Cmd {
-        self.lock(skill).op("acquire").ttl(60).cmd()
+        self.lock(skill).op("acquire").ttl(60)
     }
 
     /// Acquires `skill` with `ttl`; returns (token, fence).
@@ -177,7 +177,7 @@ fn waiters(proc_locks: &str, inode: u64) -> Vec<u32> {
 
 /// Waits (bounded) for a child and decodes its one JSON object.
 fn finish(child: Child) -> Out {
-    common::run_verbs::finish(child, Duration::from_secs(20))
+    harness::finish(child, Duration::from_secs(20))
 }
 
 fn show(outs: &[(&str, &Out)]) -> String {
@@ -210,8 +210,8 @@ fn two_takeovers_of_one_stale_lock_exactly_one_wins() {
     }
     for (skill, (old_token, old_fence)) in skills.iter().zip(&old) {
         let mut guard = lab.hold(skill);
-        let a = spawn(lab.acquire_cmd(skill));
-        let b = spawn(lab.acquire_cmd(skill));
+        let a = lab.acquire_cmd(skill).spawn();
+        let b = lab.acquire_cmd(skill).spawn();
         guard.wait_queued(&[&a, &b]);
         guard.release();
         let (a, b) = (finish(a), finish(b));
@@ -261,12 +261,12 @@ fn takeover_against(
     }
     let mut seen = std::collections::BTreeMap::new();
     for (round, (skill, (old_token, old_fence))) in skills.iter().zip(&old).enumerate() {
-        let op = || spawn(old_op(&lab.lock(skill), old_token));
+        let op = || old_op(&lab.lock(skill), old_token).spawn();
         let mut guard = lab.hold(skill);
         // Even rounds queue the acquire first, odd ones the old holder's op
         // (the kernel tends to wake the first waiter; nothing relies on it).
         let (acq, other) = if round.is_multiple_of(2) {
-            let acq = spawn(lab.acquire_cmd(skill));
+            let acq = lab.acquire_cmd(skill).spawn();
             guard.wait_queued(&[&acq]);
             std::thread::sleep(Duration::from_millis(20));
             (acq, op())
@@ -274,7 +274,7 @@ fn takeover_against(
             let other = op();
             guard.wait_queued(&[&other]);
             std::thread::sleep(Duration::from_millis(20));
-            (spawn(lab.acquire_cmd(skill)), other)
+            (lab.acquire_cmd(skill).spawn(), other)
         };
         guard.wait_queued(&[&acq, &other]);
         guard.release();
@@ -291,7 +291,7 @@ fn takeover_racing_a_renew_by_the_old_holder() {
     let seen = takeover_against(
         10,
         "renewrace",
-        &|lock, token| lock.op("renew").token(token).cmd(),
+        &|lock, token| lock.op("renew").token(token),
         &|lab, skill, old_fence, acq, renew| {
             let all = show(&[("acquire", acq), ("renew", renew)]);
             let v = lab.status(skill);
@@ -329,7 +329,7 @@ fn takeover_racing_a_token_release_by_the_old_holder() {
     let seen = takeover_against(
         10,
         "releaserace",
-        &|lock, token| lock.op("release").token(token).cmd(),
+        &|lock, token| lock.op("release").token(token),
         &|lab, skill, old_fence, acq, release| {
             let all = show(&[("acquire", acq), ("release", release)]);
             let a = is(acq.reply(), "acquired", &all);
@@ -374,15 +374,15 @@ fn release_racing_acquire() {
     let mut seen = std::collections::BTreeMap::new();
     for round in 0..ROUNDS {
         let (token, old_fence) = lab.acquire(skill, 60);
-        let release = || spawn(lock.op("release").token(&token));
+        let release = || lock.op("release").token(&token).spawn();
         let mut guard = lab.hold(skill);
         // Alternate which one queues first; the assertions hold either way.
         let (rel, acq) = if round.is_multiple_of(2) {
             let rel = release();
             guard.wait_queued(&[&rel]);
-            (rel, spawn(lab.acquire_cmd(skill)))
+            (rel, lab.acquire_cmd(skill).spawn())
         } else {
-            let acq = spawn(lab.acquire_cmd(skill));
+            let acq = lab.acquire_cmd(skill).spawn();
             guard.wait_queued(&[&acq]);
             (release(), acq)
         };
@@ -427,7 +427,9 @@ fn create_racing_create_has_one_winner() {
     is(lock.release(&token), "released", "");
     for round in 0..ROUNDS {
         let mut guard = lab.hold(skill);
-        let racers: Vec<Child> = (0..RACERS).map(|_| spawn(lab.acquire_cmd(skill))).collect();
+        let racers: Vec<Child> = (0..RACERS)
+            .map(|_| lab.acquire_cmd(skill).spawn())
+            .collect();
         guard.wait_queued(&racers.iter().collect::<Vec<_>>());
         guard.release();
         let outs: Vec<Out> = racers.into_iter().map(finish).collect();
@@ -462,7 +464,7 @@ fn a_queued_acquirer_blocks_until_the_guard_is_released() {
     lab.wait_expired(skill);
 
     let mut guard = lab.hold(skill);
-    let mut a = spawn(lab.acquire_cmd(skill));
+    let mut a = lab.acquire_cmd(skill).spawn();
     guard.wait_queued(&[&a]);
     std::thread::sleep(Duration::from_millis(200));
     assert!(
@@ -502,7 +504,7 @@ fn a_queued_process_decides_on_the_state_it_reads_under_the_guard() {
 
     // 1. Free when A queued; published under the guard; A must see it held.
     let mut guard = lab.hold(skill);
-    let a = spawn(lab.acquire_cmd(skill));
+    let a = lab.acquire_cmd(skill).spawn();
     guard.wait_queued(&[&a]);
     std::fs::rename(&stash, lab.lock_dir(skill)).unwrap();
     guard.release();
@@ -512,7 +514,7 @@ fn a_queued_process_decides_on_the_state_it_reads_under_the_guard() {
     // 2. Held when B queued; removed under the guard (as a release does:
     //    renamed away); B must find it free and take the next fence.
     let mut guard = lab.hold(skill);
-    let b = spawn(lab.acquire_cmd(skill));
+    let b = lab.acquire_cmd(skill).spawn();
     guard.wait_queued(&[&b]);
     std::fs::rename(lab.lock_dir(skill), &stash).unwrap();
     guard.release();
@@ -523,7 +525,7 @@ fn a_queued_process_decides_on_the_state_it_reads_under_the_guard() {
     // 3. A renew with the stashed token queued while B holds the lock: the
     //    record it reads under the guard is B's, so it is not_owner.
     let mut guard = lab.hold(skill);
-    let r = spawn(lock.op("renew").token(&token));
+    let r = lock.op("renew").token(&token).spawn();
     guard.wait_queued(&[&r]);
     guard.release();
     let got = is(finish(r).reply(), "not_owner", "");
@@ -540,11 +542,11 @@ fn readers_do_not_block_on_the_guard_and_see_a_complete_state() {
     let (token, f) = lab.acquire(skill, 600);
     let mut guard = lab.hold(skill);
     // A writer queued behind the test proves the guard really is held.
-    let writer = spawn(lock.op("renew").token(&token));
+    let writer = lock.op("renew").token(&token).spawn();
     guard.wait_queued(&[&writer]);
 
     let t = Instant::now();
-    let status = finish(spawn(lock.op("status")));
+    let status = finish(lock.op("status").spawn());
     // Every field of the holder is on the wire, `null` or a value: its typed
     // mirror requires each (`renewed`, `note` and `owner_pid` too).
     let v = status.reply();
@@ -554,15 +556,15 @@ fn readers_do_not_block_on_the_guard_and_see_a_complete_state() {
         (h.skill.as_str(), h.repo.as_str(), h.fence),
         (skill, REPO, f)
     );
-    let check = finish(spawn(lock.op("check").token(&token))).reply();
+    let check = finish(lock.op("check").token(&token).spawn()).reply();
     assert_eq!(is(check, "held", "").must_fence(), f);
-    let list = finish(spawn(lock.store_op("list"))).reply();
+    let list = finish(lock.store_op("list").spawn()).reply();
     let Reply::List { locks, .. } = &list else {
         panic!("not a list: {list:?}");
     };
     assert_eq!(locks.len(), 1, "{list:?}");
     assert_eq!(locks[0].state, "held", "{list:?}");
-    let history = finish(spawn(lock.op("history"))).reply();
+    let history = finish(lock.op("history").spawn()).reply();
     let Reply::History { events, .. } = &history else {
         panic!("not a history: {history:?}");
     };
@@ -693,7 +695,7 @@ fn a_lease_is_never_shorter_than_asked_when_the_guard_was_busy() {
     let (token, _) = lab.acquire(skill, 60);
     is(lock.release(&token), "released", "");
     let mut guard = lab.hold(skill);
-    let a = spawn(lock.op("acquire").ttl(1));
+    let a = lock.op("acquire").ttl(1).spawn();
     guard.wait_queued(&[&a]);
     std::thread::sleep(Duration::from_millis(2_100));
     guard.release();

@@ -42,11 +42,11 @@
 //!
 //! Covers: SPEC §7, §8.
 
-use crate::common;
+use crate::harness;
 
-use common::chaos::{self, Invoke, Proxy, Rng, Seed, Slot, boot_ns};
-use common::verbs::{self, Lock, Reply};
-use common::{TestEnv, wall_ms};
+use harness::chaos::{self, Invoke, Proxy, Rng, Seed, Slot, boot_ns};
+use harness::{Lock, Reply};
+use harness::{TestEnv, wall_ms};
 use skill_lock::record::Timestamp;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 use std::collections::BTreeMap;
@@ -502,7 +502,7 @@ fn ms_of(time: &str) -> i64 {
 /// The answer of one invocation, read as the model's (from its typed
 /// mirror: the exit status the one its result means).
 fn read_answer(op: &Op, code: i32, reply: &Reply, ret_ms: i64) -> Option<Ret> {
-    let fence_of = |h: &Option<verbs::Holder>| h.as_ref().map(|h| h.fence);
+    let fence_of = |h: &Option<harness::Holder>| h.as_ref().map(|h| h.fence);
     let owner_dead = |reason: Option<&str>| reason == Some("owner_dead");
     Some(match (op, code, reply) {
         (
@@ -600,7 +600,7 @@ fn run_call(target: &Target, slot: &Slot, op: &Op, lock: &str) -> (Option<Ret>, 
     if let Some(token) = token {
         extra.extend(["--token", token.as_str()]);
     }
-    let cmd = (target.make)(lock).cmd(verb, &extra).command();
+    let cmd = (target.make)(lock).op(verb).args(&extra).into_command();
     let how = Invoke {
         slot: Some(slot),
         ..Invoke::default()
@@ -863,7 +863,7 @@ fn file_store_is_linearizable_under_client_kills() {
 
 #[test]
 fn etcd_store_is_linearizable_under_client_kills_and_a_freezing_member() {
-    let Some(ep) = common::etcd_endpoint("etcd linearizability") else {
+    let Some(ep) = harness::etcd_endpoint("etcd linearizability") else {
         return;
     };
     let env = TestEnv::new();
@@ -903,8 +903,8 @@ fn git_store_is_linearizable_under_client_kills_and_dropped_connections() {
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
     let served = env.dir("served");
-    common::gitd::bare_repo(&served.join("locks.git"));
-    let daemon = common::gitd::Daemon::start(&served, 24450);
+    harness::gitd::bare_repo(&served.join("locks.git"));
+    let daemon = harness::gitd::Daemon::start(&served, 24450);
     let proxy = Proxy::start(&format!("127.0.0.1:{}", daemon.port));
     let url = format!("git:git://{}/locks.git", proxy.addr());
     let cache = env.path("cache");

@@ -1,7 +1,7 @@
 //! Every integration test in one binary (one link instead of one per file).
-//! Each module keeps its old file name, so `cargo test --test integration cli::`
-//! runs what `cargo test --test cli` ran. `harness` is the shared world:
-//! temporary repos, the real binary, and a harness that speaks in verbs.
+//! Each module is named after what it checks (docs/tests.md lists them);
+//! `cargo test --test integration cli::` runs one. `harness` is the shared
+//! world: temporary repos, the real binary, and a harness that speaks in verbs.
 
 // The suite drives POSIX shells, signals and /proc: Unix only (Windows runs
 // the unit tests and the release workflow's smoke sequence).
@@ -18,23 +18,19 @@
 
 #[macro_use]
 mod harness;
-/// The old name of the harness, kept for tests written against `common::`.
-use harness as common;
 
+mod bad_input;
 mod cli;
 mod conformance;
 mod corpus;
 mod docs;
-mod edges;
-mod edges27;
 mod etcd_faults;
 mod etcd_leases;
 mod etcd_nemesis;
 mod etcd_proxy;
 mod etcd_reads;
 mod etcd_tls;
-mod exact;
-mod example;
+mod exact_under_faults;
 mod fs_store;
 mod generated;
 mod git_scale;
@@ -45,9 +41,11 @@ mod hostile_clone;
 mod hostile_trees;
 mod interleavings;
 mod linearizable;
+mod lock_lifecycle;
 // The server exists only with the `mcp` feature (on by default).
 #[cfg(feature = "mcp")]
 mod mcp;
+mod no_second_writer;
 mod races;
 mod run_edges;
 mod run_tree;
@@ -55,6 +53,6 @@ mod sandbox_pidns;
 mod shape;
 mod store_contract;
 mod stress;
-mod verbs;
 mod wait_run;
 mod write_block;
+mod write_phase_example;

@@ -51,14 +51,14 @@ fn mcp_a_server_whose_input_closes_releases_at_once() {
     assert_eq!(acquired.result, "acquired", "{acquired:?}");
     // The owner is the server's own process.
     assert_eq!(acquired.owner_pid, Some(u64::from(raw.pid())));
-    assert_eq!(status_state(&env, &root), "held");
+    assert_eq!(status_state(&root), "held");
     raw.close_input();
     assert!(
         raw.wait_exit(),
         "the server exits 0 at the end of its input"
     );
     // Released, not left to its hour-long lease.
-    assert_eq!(status_state(&env, &root), "free");
+    assert_eq!(status_state(&root), "free");
     raw.assert_no_token(&acquired.token_sha256);
 }
 
@@ -73,7 +73,7 @@ fn mcp_a_server_ended_by_sigterm_releases_first() {
     // SAFETY: kill(2) on our own child, with a valid signal number.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     assert!(raw.wait_exit(), "the server exits 0 on SIGTERM");
-    assert_eq!(status_state(&env, &root), "free");
+    assert_eq!(status_state(&root), "free");
     raw.assert_no_token(&acquired.token_sha256);
 }
 

@@ -8,7 +8,7 @@
 //!
 //! Covers: SPEC §6, §7.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -16,14 +16,13 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::chaos::Seed;
-use common::run_verbs::wrapped;
-use common::verbs::{Holder, Lock, Reply};
-use common::{Cmd, Out, TestEnv};
+use harness::chaos::Seed;
+use harness::{Cmd, Out, TestEnv};
+use harness::{Holder, Lock, Reply};
 
 const SKILL: &str = "race";
 const REPO: &str = "o/r";
@@ -60,16 +59,8 @@ impl Gate {
     /// behind the gate.
     fn spawn(&self, cmd: Cmd) -> Child {
         let script = OsStr::new(r#"IFS= read -r _ < "$0" || exit 97; exec "$@""#);
-        wrapped(
-            cmd,
-            "bash",
-            &[OsStr::new("-c"), script, self.path.as_os_str()],
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("bash runs")
+        cmd.through("bash", &[OsStr::new("-c"), script, self.path.as_os_str()])
+            .spawn()
     }
 
     /// Starts every command, lets them all go at once, returns their outputs in order.
@@ -94,9 +85,7 @@ fn lock(repo: &Path) -> Lock {
 
 /// `n` acquires of the lock with a `ttl` lease.
 fn acquires(repo: &Path, n: usize, ttl: u64) -> Vec<Cmd> {
-    (0..n)
-        .map(|_| lock(repo).op("acquire").ttl(ttl).cmd())
-        .collect()
+    (0..n).map(|_| lock(repo).op("acquire").ttl(ttl)).collect()
 }
 
 fn describe(outs: &[Out]) -> String {
@@ -436,16 +425,7 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
         };
         round += 1;
 
-        let mut child = lock(&repo)
-            .op("acquire")
-            .ttl(2)
-            .cmd()
-            .command()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = lock(&repo).op("acquire").ttl(2).quiet().spawn();
         std::thread::sleep(Duration::from_micros(delay_us));
         let pid = libc::pid_t::try_from(child.id()).unwrap();
         // SAFETY: the child is not yet reaped, so the pid is still ours.
@@ -510,7 +490,7 @@ fn sigkill_during_acquire_never_leaves_half_a_record() {
     );
     release_token(&repo, w.token(), w.must_fence());
     for sub in ["tmp", "tombs"] {
-        let left = common::tree(&run_dir.join(sub));
+        let left = harness::tree(&run_dir.join(sub));
         assert!(
             left.is_empty(),
             "run/{sub} not empty after a normal cycle: {left:?}"
@@ -556,8 +536,8 @@ fn takeover_never_tombstones_a_fresh_lock() {
         let cmds = verbs
             .iter()
             .map(|&verb| match verb {
-                "acquire" => lock.op(verb).ttl(60).cmd(),
-                _ => lock.op(verb).token(old_token).cmd(),
+                "acquire" => lock.op(verb).ttl(60),
+                _ => lock.op(verb).token(old_token),
             })
             .collect();
         let outs = gate.race(cmds);

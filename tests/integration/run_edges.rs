@@ -7,7 +7,7 @@
 //! Covers: SPEC §2.7.
 #![cfg(target_os = "linux")]
 
-use crate::common;
+use crate::harness;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -17,9 +17,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{kill_leftover, names, reply_line, run_command};
-use common::verbs::{Lock, Reply};
-use common::{TestEnv, gone};
+use harness::{Lock, Reply};
+use harness::{TestEnv, gone};
+use harness::{kill_leftover, names, reply_line};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -40,7 +40,7 @@ impl World {
         let env = TestEnv::new();
         let repo = env.git_repo("r");
         let lock = if git {
-            common::stores::Store::git(&env, None).lock(&repo, SKILL, REPO)
+            harness::stores::Store::git(&env, None).lock(&repo, SKILL, REPO)
         } else {
             Lock::new(&repo, SKILL, REPO)
         };
@@ -62,7 +62,9 @@ impl World {
     /// process group of its own when `own_group`.
     fn spawn_run(&self, ttl: u64, script: &str, args: &[&Path], own_group: bool) -> Child {
         let args: Vec<&str> = args.iter().map(|p| p.to_str().unwrap()).collect();
-        let mut cmd = run_command(self.lock.op("run").ttl(ttl).sh(script, &args), false);
+        let mut cmd = (self.lock.op("run").ttl(ttl).sh(script, &args))
+            .default_signals(false)
+            .into_command();
         if own_group {
             cmd.process_group(0);
         }

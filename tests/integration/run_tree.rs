@@ -11,7 +11,7 @@
 //! Covers: SPEC §2.7.
 #![cfg(target_os = "linux")]
 
-use crate::common;
+use crate::harness;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -19,9 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{FenceLog, kill_leftover, names, run_command};
-use common::verbs::Lock;
-use common::{BIN, TestEnv, gone};
+use harness::Lock;
+use harness::{BIN, TestEnv, gone};
+use harness::{FenceLog, kill_leftover, names};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -59,10 +59,10 @@ impl World {
         let store = match store {
             Store::File => None,
             Store::Etcd => {
-                let ep = common::etcd_endpoint(&format!("{test} on etcd"))?;
+                let ep = harness::etcd_endpoint(&format!("{test} on etcd"))?;
                 Some(format!(
                     "etcd://{ep}{}",
-                    common::etcd_prefix(&env, "run-tree")
+                    harness::etcd_prefix(&env, "run-tree")
                 ))
             }
         };
@@ -99,12 +99,7 @@ impl World {
     /// defaults, output discarded, and `setsid` first when asked.
     fn spawn_run(&self, ttl: u64, script: &str, own_session: bool) -> Child {
         let call = self.lock().op("run").ttl(ttl).command(["sh", "-c", script]);
-        run_command(call, own_session)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the binary starts")
+        call.default_signals(own_session).quiet().spawn()
     }
 
     /// Waits until the writer has written (so it runs, under fence `fence`).

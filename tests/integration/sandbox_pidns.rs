@@ -10,9 +10,8 @@
 use std::ffi::OsStr;
 use std::process::{Command, Stdio};
 
-use crate::common::run_verbs::wrapped;
-use crate::common::verbs::{Lock, Reply};
-use crate::common::{Cmd, Out, TestEnv};
+use crate::harness::{Cmd, Out, TestEnv};
+use crate::harness::{Lock, Reply};
 
 /// How `unshare` may make a pid namespace with its own `/proc` here.
 fn unshare_pid_args() -> Option<Vec<&'static str>> {
@@ -33,7 +32,7 @@ fn unshare_pid_args() -> Option<Vec<&'static str>> {
 
 /// Runs `cmd` as pid 1 of a fresh pid namespace; returns what it printed
 /// and the namespace's inode number.
-fn in_fresh_ns(unshare: &[&str], cmd: impl Into<Cmd>) -> (Out, String) {
+fn in_fresh_ns(unshare: &[&str], cmd: Cmd) -> (Out, String) {
     let mut pre: Vec<&OsStr> = unshare.iter().map(OsStr::new).collect();
     pre.extend(
         [
@@ -43,11 +42,7 @@ fn in_fresh_ns(unshare: &[&str], cmd: impl Into<Cmd>) -> (Out, String) {
         ]
         .map(OsStr::new),
     );
-    let out = wrapped(cmd, "unshare", &pre)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let out = Out::from(out);
+    let out = cmd.through("unshare", &pre).run();
     let ns = out.stderr.lines().next().unwrap_or_default().to_owned();
     (out, ns)
 }

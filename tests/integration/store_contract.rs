@@ -5,11 +5,11 @@
 //!
 //! Covers: SPEC §2.7, §8.
 
-use crate::common::run_verbs::{GitState, typed};
-use crate::common::stores::Store;
-use crate::common::verbs::{Reply, run_reply};
-use crate::common::{BIN, Out, TestEnv};
 use crate::git_store::{foreign_state, plant};
+use crate::harness::Reply;
+use crate::harness::stores::Store;
+use crate::harness::{BIN, Out, TestEnv};
+use crate::harness::{GitState, typed};
 use std::process::Command;
 
 /// Seconds since the epoch of an RFC 3339 UTC timestamp the tool printed.
@@ -83,7 +83,7 @@ fn run_prints_its_one_object_on_stderr_even_when_the_environment_cannot_be_read(
     let out = Out::from(out);
     assert_eq!(out.code, 2, "{} {}", out.stdout, out.stderr);
     assert_eq!(out.stdout, "", "run's standard output is CMD's alone");
-    let v = run_reply(&out);
+    let v = out.run_reply();
     assert!(
         matches!(&v, Reply::Error { error, .. } if error == "io"),
         "{}",

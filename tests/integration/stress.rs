@@ -21,7 +21,7 @@
 //!
 //! Covers: SPEC §6, §7.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -30,9 +30,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::chaos::{self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns};
-use common::verbs::{Lock, Reply, TookOver};
-use common::{Cmd, TestEnv};
+use harness::chaos::{
+    self, Invoke, Mark, Pen, Ran, Rng, Seed, Stats, Violations, Witness, boot_ns,
+};
+use harness::{Cmd, TestEnv};
+use harness::{Lock, Reply, TookOver};
 use skill_lock::history::{Event, EventKind};
 use skill_lock::record::OwnerRecord;
 
@@ -86,7 +88,7 @@ fn env_secs(name: &str, default: u64) -> u64 {
 /// The binary under test, or `STRESS_BIN` instead (only to prove the
 /// harness catches a deliberately broken build).
 fn program(cmd: Cmd) -> Command {
-    let cmd = cmd.command();
+    let cmd = cmd.into_command();
     let Some(bin) = std::env::var_os("STRESS_BIN") else {
         return cmd;
     };
@@ -129,12 +131,12 @@ impl World {
 
     /// Runs `verb` on lock `i`; with `kill_after_us`, SIGKILLs it that long after spawning.
     fn call(&self, i: usize, verb: &str, extra: &[&str], kill_after_us: Option<u64>) -> Ran {
-        self.invoke(self.lock(i).cmd(verb, extra), kill_after_us)
+        self.invoke(self.lock(i).op(verb).args(extra), kill_after_us)
     }
 
     /// `list`, never killed.
     fn list(&self) -> Ran {
-        self.invoke(self.lock(0).store_op("list").cmd(), None)
+        self.invoke(self.lock(0).store_op("list"), None)
     }
 
     fn invoke(&self, cmd: Cmd, kill_after_us: Option<u64>) -> Ran {
@@ -916,7 +918,7 @@ fn settle(world: &World) {
             world.violation(format!("final release: {}", ran.describe()));
         }
         let name = lock_name(lock);
-        let left: Vec<String> = common::tree(&world.run.join("tmp"))
+        let left: Vec<String> = harness::tree(&world.run.join("tmp"))
             .into_iter()
             .filter(|p| p.starts_with(&name))
             .collect();
@@ -1193,7 +1195,7 @@ fn ns_verdict(
 
 /// Holders inside fresh pid namespaces, killed at random moments.
 fn ns_inside(repo: &std::path::Path, unshare: &[&str], mut rng: Rng, w: &NsWorld) {
-    let bin = common::BIN;
+    let bin = harness::BIN;
     while !w.stop.load(Ordering::Relaxed) {
         let ttl = rng.range(1, 2);
         let script = format!(
@@ -1245,7 +1247,10 @@ fn ns_outside(repo: &std::path::Path, mut rng: Rng, w: &NsWorld) {
         let pid = owner.as_ref().map(|o| o.id().to_string());
         let mut args = vec!["--ttl", "1"];
         args.extend(pid.iter().flat_map(|p| ["--owner-pid", p.as_str()]));
-        let ran = chaos::invoke(lock.cmd("acquire", &args).command(), Invoke::default());
+        let ran = chaos::invoke(
+            lock.op("acquire").args(&args).into_command(),
+            Invoke::default(),
+        );
         let returned_ms = boot_ns() / 1_000_000;
         w.stats.bump("operations");
         match ran.reply() {
@@ -1257,7 +1262,7 @@ fn ns_outside(repo: &std::path::Path, mut rng: Rng, w: &NsWorld) {
                 }
                 std::thread::sleep(Duration::from_millis(rng.below(300)));
                 if rng.chance(50) {
-                    lock.cmd("release", &["--token", v.token()]).run();
+                    lock.op("release").token(v.token()).run();
                     w.stats.bump("operations");
                 }
             }
@@ -1408,7 +1413,7 @@ impl RunWorld {
             group,
             ..Invoke::default()
         };
-        let ran = chaos::invoke(self.lock(i).cmd(verb, extra).command(), how);
+        let ran = chaos::invoke(self.lock(i).op(verb).args(extra).into_command(), how);
         if ran.outlived {
             self.violations.add(format!(
                 "{verb} {extra:?} still holds its output open 30 s after it ended: something outlived it"

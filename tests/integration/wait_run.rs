@@ -6,7 +6,7 @@
 //!
 //! Covers: SPEC §2.1, §2.7.
 
-use crate::common;
+use crate::harness;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,9 +15,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::run_verbs::{FenceLog, KillOnDrop, finish, finish_output, run_command, until};
-use common::verbs::{Call, Holder, Lock, Reply, run_reply};
-use common::{BIN, Cmd, TestEnv, gone};
+use harness::{BIN, Cmd, TestEnv, gone};
+use harness::{FenceLog, KillOnDrop, finish, finish_output, until};
+use harness::{Holder, Lock, Reply};
 
 const SKILL: &str = "s";
 const REPO: &str = "o/r";
@@ -30,29 +30,15 @@ fn world() -> (TestEnv, Lock) {
     (env, lock)
 }
 
-/// `cmd`, ready to spawn, the forwarded signals at their defaults.
-fn command(cmd: impl Into<Cmd>) -> Command {
-    run_command(cmd, false)
+/// Starts `cmd`, the signals `run` forwards at their defaults (every
+/// test here sends them), stdout/stderr captured.
+fn spawn(cmd: Cmd) -> Child {
+    cmd.default_signals(false).spawn()
 }
 
-/// Starts `cmd` with stdin closed and stdout/stderr both set by `out`.
-fn start(cmd: impl Into<Cmd>, out: fn() -> Stdio) -> Child {
-    command(cmd)
-        .stdin(Stdio::null())
-        .stdout(out())
-        .stderr(out())
-        .spawn()
-        .expect("binary starts")
-}
-
-/// Starts `cmd` with stdout/stderr captured.
-fn spawn(cmd: impl Into<Cmd>) -> Child {
-    start(cmd, Stdio::piped)
-}
-
-/// Starts `cmd` with nothing captured (its wrapper is to be SIGKILLed).
-fn spawn_quiet(cmd: impl Into<Cmd>) -> Child {
-    start(cmd, Stdio::null)
+/// [`spawn`] with nothing captured (its wrapper is to be SIGKILLed).
+fn spawn_quiet(cmd: Cmd) -> Child {
+    cmd.default_signals(false).quiet().spawn()
 }
 
 fn pid_of(child: &Child) -> i32 {
@@ -204,7 +190,7 @@ fn ten_waiting_runs_take_turns_without_overlap() {
     let mut fences = Vec::new();
     for out in &outs {
         assert_eq!(out.code, 0, "{}", out.stderr);
-        let r = run_reply(out);
+        let r = out.run_reply();
         assert_eq!(
             (r.exit_status(), r.released(), r.lost()),
             (0, true, false),
@@ -237,22 +223,12 @@ fn run_passes_stdio_through_and_exits_with_the_status_of_cmd() {
 
     // stdin -> cat -> stdout, byte for byte, no trailing newline.
     let input: &[u8] = b"\x00\xff\xfebinary\n\x80\xc3(line two, no newline";
-    let mut child = command(lock.op("run").command(["cat"]))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let feeder = thread::spawn(move || {
-        stdin.write_all(input).unwrap();
-    });
+    let child = spawn(lock.op("run").command(["cat"]).stdin(input));
     let raw = finish_output(child, Duration::from_secs(20));
-    feeder.join().unwrap();
     assert_eq!(raw.stdout, input, "stdout differs from stdin");
-    let out = common::Out::from(raw);
+    let out = harness::Out::from(raw);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(run_reply(&out).exit_status(), 0, "{}", out.stderr);
+    assert_eq!(out.run_reply().exit_status(), 0, "{}", out.stderr);
     assert_eq!(lock.state(), "free");
 
     // Exit status passthrough; CMD's own stderr comes before the JSON line.
@@ -272,7 +248,7 @@ fn run_passes_stdio_through_and_exits_with_the_status_of_cmd() {
         "CMD's stderr must come before the JSON line: {stderr:?}"
     );
     // run must not print the token: the typed `ran` has no field for one.
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert_eq!(
         (r.exit_status(), r.signal(), r.released()),
         (7, None, true),
@@ -294,7 +270,7 @@ fn run_gives_cmd_its_token_and_fence() {
         Duration::from_secs(20),
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert_eq!(
         out.stdout,
         format!("{}\ncheck=0\n", r.must_fence()),
@@ -314,7 +290,7 @@ fn run_refuses_when_held_and_does_not_run_cmd() {
         .run();
     assert_eq!(out.code, 3, "{}", out.stderr);
     assert_eq!(out.stdout, "", "nothing on stdout when refused");
-    let v = run_reply(&out);
+    let v = out.run_reply();
     assert!(matches!(v, Reply::AlreadyRunning { .. }), "{v:?}");
     assert!(!marker.exists(), "CMD ran although the lock was held");
     assert_eq!(lock.state(), "held");
@@ -340,7 +316,7 @@ fn run_forwards_sigterm_to_cmd_and_releases() {
         std::fs::read_to_string(&got).unwrap_or_default(),
         "got-term\n"
     );
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert_eq!((r.exit_status(), r.released()), (5, true), "{r:?}");
     assert_eq!(lock.state(), "free");
 }
@@ -361,7 +337,7 @@ fn run_forwards_sigint_and_sighup_and_reports_128_plus_signal() {
         signal(pid_of(&child), sig);
         let out = finish(child, Duration::from_secs(20));
         assert_eq!(out.code, code, "signal {sig}: {}", out.stderr);
-        let r = run_reply(&out);
+        let r = out.run_reply();
         assert_eq!(
             (i32::from(r.exit_status()), r.signal(), r.released()),
             (code, Some(sig), true),
@@ -385,7 +361,7 @@ fn renewal_keeps_the_lock_past_its_ttl() {
     assert_held_by_run(holder, &child);
     let out = finish(child, Duration::from_secs(20));
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert_eq!(
         (r.exit_status(), r.lost(), r.released()),
         (0, false, true),
@@ -414,7 +390,7 @@ fn a_forced_release_stops_cmd() {
         elapsed < Duration::from_secs(8),
         "CMD stopped {elapsed:?} after the lease was lost"
     );
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert_eq!(
         (r.lost(), r.exit_status(), r.signal()),
         (true, 143, Some(libc::SIGTERM)),
@@ -443,7 +419,7 @@ fn a_lease_lost_to_a_newcomer_stops_cmd_and_leaves_the_newcomer_alone() {
         .must_fence();
     let out = finish(child, Duration::from_secs(15));
     assert_eq!(out.code, 143, "{}", out.stderr);
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert_eq!((r.lost(), r.released()), (true, false), "{r:?}");
     let s = lock.status();
     assert_eq!(s.state(), "held", "{s:?}");
@@ -496,7 +472,7 @@ impl WriterRun {
     }
 
     /// The `run` of `lock`.
-    fn cmd(&self, lock: &Lock) -> Call {
+    fn cmd(&self, lock: &Lock) -> Cmd {
         lock.op("run").ttl(self.ttl).sh(
             writer_script(self.tail),
             &[
@@ -604,7 +580,7 @@ fn cmd_leaving_a_background_job_has_it_stopped_before_the_release() {
     let (writer, _cleanup) = w.writer();
     let stderr = &out.stderr;
     assert_eq!(out.code, 0, "CMD's own status: {stderr}");
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert_eq!((r.released(), r.lost()), (true, false), "{r:?}");
     assert!(gone(writer), "the background job outlived run: {stderr}");
 
@@ -632,7 +608,7 @@ fn a_forced_release_stops_the_whole_group() {
     assert_eq!(forced.result(), "released", "{forced:?}");
     let out = finish(child, Duration::from_secs(15));
     assert_eq!(out.code, 143, "{}", out.stderr);
-    assert!(run_reply(&out).lost(), "{}", out.stderr);
+    assert!(out.run_reply().lost(), "{}", out.stderr);
     assert!(
         gone(writer),
         "the background writer outlived the lost lease"
@@ -642,7 +618,7 @@ fn a_forced_release_stops_the_whole_group() {
 /// The `run --ttl TTL` of `lock` whose CMD's background child appends
 /// `/proc/uptime` to `witness` every 20 ms while CMD waits for it.
 #[cfg(target_os = "linux")]
-fn uptime_writer_run(lock: &Lock, ttl: u64, witness: &Path) -> Call {
+fn uptime_writer_run(lock: &Lock, ttl: u64, witness: &Path) -> Cmd {
     let script = r#"(while :; do cut -d' ' -f1 /proc/uptime >> "$1"; sleep 0.02; done) & wait"#;
     lock.op("run")
         .ttl(ttl)
@@ -700,7 +676,7 @@ fn failing_renewals_stop_the_group_before_the_confirmed_lease_ends() {
     let out = finish(child, Duration::from_secs(15));
     let stderr = &out.stderr;
     assert!(matches!(out.code, 143 | 137), "{stderr}");
-    let r = run_reply(&out);
+    let r = out.run_reply();
     assert!(r.lost() && r.renewals() >= 1, "{r:?}");
     assert!(stderr.contains("renewal failed"), "{stderr}");
 
@@ -745,7 +721,7 @@ fn a_stopped_wrapper_still_has_its_group_stopped_before_the_lease_ends() {
     assert_eq!(later, times.len(), "the group still writes: {stderr}");
     assert_last_write_before(&times, deadline_ms);
     assert!(matches!(out.code, 143 | 137), "{stderr}");
-    assert!(run_reply(&out).lost(), "{stderr}");
+    assert!(out.run_reply().lost(), "{stderr}");
 }
 
 /// Has `pid` blocked SIGTERM yet (Linux); elsewhere, after a second.
@@ -794,7 +770,7 @@ fn a_signal_ends_run_wait_at_once_with_nothing_acquired_or_run() {
             start.elapsed()
         );
         assert_eq!(out.code, 128 + sig, "{}", out.stderr);
-        let v = run_reply(&out);
+        let v = out.run_reply();
         assert!(
             matches!(v, Reply::Interrupted { signal, .. } if signal == sig),
             "{v:?}"
@@ -828,7 +804,7 @@ fn a_command_that_cannot_start_is_refused_before_the_lock_is_touched() {
     ] {
         let out = lock.op("run").command([cmd]).run();
         assert_eq!(out.code, 2, "{cmd}: {out:?}");
-        let v = run_reply(&out);
+        let v = out.run_reply();
         assert!(
             matches!(&v, Reply::Error { error, message, .. }
                 if error == "usage" && message.contains("cannot run")),
@@ -851,7 +827,7 @@ fn run_without_a_command_is_a_usage_error_on_stderr() {
         let out = cmd.run();
         assert_eq!(out.code, 2, "{out:?}");
         assert_eq!(out.stdout, "", "run's JSON goes to stderr (SPEC §2.7)");
-        let v = run_reply(&out);
+        let v = out.run_reply();
         assert!(
             matches!(&v, Reply::Error { error, message, .. }
                 if error == "usage" && !message.is_empty()),
@@ -867,7 +843,7 @@ fn run_of_a_missing_command_is_a_usage_error_and_releases() {
     let out = lock.op("run").command(["no-such-command-here"]).run();
     assert_eq!(out.code, 2, "{out:?}");
     assert_eq!(out.stdout, "", "{out:?}");
-    let v = run_reply(&out);
+    let v = out.run_reply();
     assert!(
         matches!(&v, Reply::Error { error, .. } if error == "usage"),
         "{v:?}"
@@ -971,7 +947,7 @@ fn sigkill_of_run_while_it_stops_leftovers_still_stops_them() {
 #[test]
 fn a_run_resumed_after_its_lease_ended_stops_cmd_and_never_revives_the_lease() {
     let (_env, lock) = world();
-    let child = spawn(lock.op("run").ttl(2).command(["sleep", "60"]).cmd());
+    let child = spawn(lock.op("run").ttl(2).command(["sleep", "60"]));
     let held = until_held(&lock);
     let fence = held.holder().fence;
     let keeper = i32::try_from(held.holder().owner_pgid.expect("owner_pgid")).unwrap();
@@ -987,7 +963,7 @@ fn a_run_resumed_after_its_lease_ended_stops_cmd_and_never_revives_the_lease() {
     let out = finish(child, Duration::from_secs(20));
     let stderr = &out.stderr;
     assert!(matches!(out.code, 143 | 137), "stopped as lost: {stderr}");
-    assert!(run_reply(&out).lost(), "{stderr}");
+    assert!(out.run_reply().lost(), "{stderr}");
     let history = lock.op("history").reply();
     let Reply::History { events, .. } = &history else {
         panic!("{history:?}")
@@ -1004,7 +980,7 @@ fn a_run_resumed_after_its_lease_ended_stops_cmd_and_never_revives_the_lease() {
 /// either way.
 #[test]
 fn a_wait_at_a_terminal_says_who_it_waits_for_and_a_script_hears_nothing() {
-    if !common::have_programs(
+    if !harness::have_programs(
         "a_wait_at_a_terminal_says_who_it_waits_for",
         &[("script", "--version")],
     ) {

@@ -24,7 +24,7 @@
 //!
 //! Covers: SPEC §1, §2, §2.1, §2.2, §2.4, §2.7, §2.9, §8.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -34,8 +34,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::TestEnv;
-use common::chaos::Seed;
+use harness::TestEnv;
+use harness::chaos::Seed;
 
 const LAUNCHER: &str = "uvx --from ~/.claude/magpie/skill-lock skill-lock";
 
@@ -268,7 +268,7 @@ struct Store {
     name: &'static str,
     vars: Vec<(&'static str, String)>,
     ttl: u64,
-    _daemon: Option<common::gitd::Daemon>,
+    _daemon: Option<harness::gitd::Daemon>,
 }
 
 fn stores(env: &TestEnv) -> Vec<Store> {
@@ -278,7 +278,7 @@ fn stores(env: &TestEnv) -> Vec<Store> {
         ttl: 2,
         _daemon: None,
     }];
-    let remote = common::gitd::bare_repo(&env.path("locks.git"));
+    let remote = harness::gitd::bare_repo(&env.path("locks.git"));
     out.push(Store {
         name: "git",
         vars: vec![
@@ -295,12 +295,12 @@ fn stores(env: &TestEnv) -> Vec<Store> {
         ttl: 3,
         _daemon: None,
     });
-    if let Some(eps) = common::etcd_endpoints("the write block on etcd") {
+    if let Some(eps) = harness::etcd_endpoints("the write block on etcd") {
         out.push(Store {
             name: "etcd",
             vars: vec![(
                 "SKILL_LOCK_STORE",
-                format!("etcd://{eps}{}", common::etcd_prefix(env, "write-block")),
+                format!("etcd://{eps}{}", harness::etcd_prefix(env, "write-block")),
             )],
             ttl: 2,
             _daemon: None,
@@ -332,7 +332,7 @@ fn start_run(env: &TestEnv, repo: &Path, spec: &RunSpec) -> Child {
         .current_dir(repo)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap())
-        .env("SL", common::BIN)
+        .env("SL", harness::BIN)
         .env("SKILL", "issue-triage")
         .env("REPO", "apache/airflow")
         .env("NOTE", format!("write-block run {}", spec.id))
@@ -529,7 +529,7 @@ impl Scene {
 
     /// The lock's `state` as `status` says it now, in this scene's store.
     fn state(&self) -> String {
-        let mut cmd = common::Cmd::new(&self.repo).args([
+        let mut cmd = harness::Cmd::new(&self.repo).args([
             "status",
             "issue-triage",
             "--repo",
@@ -1033,7 +1033,7 @@ fn campaign_in(env: &TestEnv, store: &Store, runs: u32, mcp: Option<&Path>) {
 /// A bash script that runs one MCP-form session (mcp_skill.py), for
 /// [`start_run`]; `None` (SKIPPED) when the Python client is missing.
 fn write_mcp_script(env: &TestEnv) -> Option<PathBuf> {
-    let python = common::mcp::venv_python()?;
+    let python = harness::mcp::venv_python()?;
     let skill = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/mcp_skill.py");
     let script = env.path("skill-mcp.sh");
     let pids = env.dir("server-pids");

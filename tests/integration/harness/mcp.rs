@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use super::{BIN, TestEnv, Value};
+use super::{BIN, Cmd, TestEnv, Value};
 
 /// Generous: the machine running the suite may be loaded.
 pub const PATIENCE: Duration = Duration::from_secs(120);
@@ -97,10 +97,9 @@ pub struct Raw {
 impl Raw {
     /// Starts `skill-lock mcp` in `cwd` and initializes the session.
     pub fn start(cwd: &Path) -> Self {
-        let mut child = Command::new(BIN)
+        let mut child = Cmd::new(cwd)
             .arg("mcp")
-            .current_dir(cwd)
-            .env_clear()
+            .into_command()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -234,9 +233,8 @@ impl Raw {
 }
 
 /// `state` of `skill-lock status triage --repo apache/airflow` in `root`.
-pub fn status_state(env: &TestEnv, root: &Path) -> String {
-    let out = env
-        .cmd(root)
+pub fn status_state(root: &Path) -> String {
+    let out = Cmd::new(root)
         .args(["status", "triage", "--repo", "apache/airflow"])
         .run();
     out.json["state"].as_str().unwrap_or_default().to_owned()

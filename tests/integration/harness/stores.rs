@@ -10,8 +10,8 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use super::Lock;
 use super::gitd::{Daemon, bare_repo};
-use super::verbs::Lock;
 use super::{Cmd, TestEnv};
 
 /// One store under test, fresh for one test.

@@ -4,10 +4,10 @@
 //!
 //! Covers: SPEC §2, §7.
 
-use crate::common;
+use crate::harness;
 
-use common::verbs::Lock;
-use common::{TestEnv, tree};
+use harness::Lock;
+use harness::{TestEnv, tree};
 use std::path::{Path, PathBuf};
 
 fn lock_dir(repo: &Path) -> PathBuf {
@@ -101,7 +101,7 @@ fn a_git_file_pointing_nowhere_is_no_root_with_a_fix() {
 fn rewrite_record(lock: &Path, fields: &[(&str, &str)]) {
     let fields: Vec<(&str, serde_json::Value)> =
         fields.iter().map(|(k, v)| (*k, (*v).into())).collect();
-    common::edit_json_file(&lock.join("owner.json"), &fields);
+    harness::edit_json_file(&lock.join("owner.json"), &fields);
 }
 
 #[test]
@@ -194,11 +194,11 @@ fn a_foreign_personal_layer_suggests_a_store_of_ones_own() {
             Some(url) => call.store(url),
             None => call,
         };
-        let mut cmd = call.cmd().command();
+        let mut cmd = call.into_command();
         if root {
             cmd.uid(65534).gid(65534);
         }
-        common::Out::from(cmd.output().unwrap())
+        harness::Out::from(cmd.output().unwrap())
     };
     let out = run(None);
     mode(&layer, 0o755);

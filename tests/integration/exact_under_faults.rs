@@ -16,15 +16,15 @@
 //!
 //! Covers: SPEC §7, §8.
 
-use crate::common;
-use common::chaos::{Fault, Proxy, Then};
-use common::http2::FrameWatch;
+use crate::harness;
+use harness::chaos::{Fault, Proxy, Then};
+use harness::http2::FrameWatch;
 
 use base64::Engine as _;
-use common::etcdctl;
-use common::run_verbs::set_field;
-use common::verbs::Lock;
-use common::{TestEnv, Value};
+use harness::Lock;
+use harness::etcdctl;
+use harness::set_field;
+use harness::{TestEnv, Value};
 use skill_lock::record::Timestamp;
 use std::io::Write;
 use std::path::Path;
@@ -32,11 +32,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn etcd(test: &str) -> Option<String> {
-    common::etcd_endpoint(test)
+    harness::etcd_endpoint(test)
 }
 
 fn prefix(env: &TestEnv) -> String {
-    common::etcd_prefix(env, "exact")
+    harness::etcd_prefix(env, "exact_under_faults")
 }
 
 /// The lock `skill` of `o/r` in `store`, seen from `cwd`.
@@ -52,7 +52,7 @@ fn ms_of(time: &str) -> i64 {
 
 /// Sleeps until `at_ms` past a whole second of the wall clock.
 fn just_after_a_second(at_ms: i64) {
-    let into = common::wall_ms().rem_euclid(1000);
+    let into = harness::wall_ms().rem_euclid(1000);
     let wait = (1000 + at_ms - into).rem_euclid(1000);
     std::thread::sleep(Duration::from_millis(u64::try_from(wait).unwrap()));
 }
@@ -77,7 +77,7 @@ fn the_holder_is_never_told_a_later_expires_than_the_cluster_gives() {
         // after the lock was taken, which must not be before `expires`.
         let taken_by = loop {
             let o = lock.op("acquire").ttl(60).reply();
-            let answered = common::wall_ms();
+            let answered = harness::wall_ms();
             if o.result() == "acquired" {
                 break answered;
             }
@@ -108,14 +108,14 @@ fn renew_reports_the_ttl_the_cluster_granted() {
     assert_eq!(a.ttl(), etcdctl::granted_ttl(&ep, key), "{a:?}");
     // Below the cluster's minimum lease (2 s by default): it grants more,
     // and renew says what it granted, as acquire does.
-    let before = common::wall_ms();
+    let before = harness::wall_ms();
     let r = lock.op("renew").ttl(1).token(token).reply().is("renewed");
     let granted = etcdctl::granted_ttl(&ep, key);
     assert_eq!(r.ttl(), granted, "{r:?}");
     let expires = ms_of(r.expires());
     let granted_ms = i64::try_from(granted).unwrap() * 1000;
     assert!(
-        expires <= common::wall_ms() + granted_ms && expires >= before + granted_ms - 1000,
+        expires <= harness::wall_ms() + granted_ms && expires >= before + granted_ms - 1000,
         "renew said expires {} for a lease of {granted} s granted between {before} and now",
         r.expires()
     );
@@ -271,7 +271,7 @@ fn a_history_larger_than_one_message_is_read_in_pages() {
 fn git_history_with_a_limit_past_gits_range_answers_every_event() {
     let env = TestEnv::new();
     let cwd = env.git_repo("repo");
-    let remote = common::gitd::bare_repo(&env.path("remote.git"));
+    let remote = harness::gitd::bare_repo(&env.path("remote.git"));
     let lim = lock(&cwd, &format!("git:file://{}", remote.display()), "lim")
         .with_env("SKILL_LOCK_GIT_CACHE", env.path("cache"));
     for _ in 0..2 {

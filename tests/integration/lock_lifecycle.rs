@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use crate::common::verbs::{Lock, Reply};
-use crate::common::{BIN, TestEnv};
+use crate::harness::{BIN, TestEnv};
+use crate::harness::{Lock, Reply};
 
 #[test]
 fn a_lock_lives_and_dies_by_its_token() {

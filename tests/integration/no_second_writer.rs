@@ -7,11 +7,12 @@
 //!
 //! Covers: SPEC §2, §2.1, §2.2, §2.7, §3, §5, §8.
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::common::verbs::{Call, Lock, Reply, reply, run_reply};
-use crate::common::{BIN, Out, TestEnv};
+use crate::harness::{Cmd, Lock, Reply};
+use crate::harness::{Out, TestEnv};
 
 /// The verbs that read a token (and whether forced), each to be run with
 /// `SKILL_LOCK_TOKEN` set but empty.
@@ -23,7 +24,7 @@ const TOKEN_VERBS: [(&str, bool); 4] = [
 ];
 
 /// `verb` on `lock`, `--force` when `forced`.
-fn token_verb(lock: &Lock, verb: &str, forced: bool) -> Call {
+fn token_verb(lock: &Lock, verb: &str, forced: bool) -> Cmd {
     let call = lock.op(verb);
     if forced { call.force() } else { call }
 }
@@ -79,22 +80,11 @@ fn an_empty_token_variable_is_a_usage_error_that_changes_nothing() {
     assert!(matches!(out, Reply::Released { forced: false, .. }));
 }
 
-/// `call` run in `cwd` by `sh -c SCRIPT` (which gets BIN and the call's
-/// arguments as `$0 "$@"`), so the shell can close or redirect its streams.
-fn via_sh(cwd: &Path, script: &str, call: Call) -> Out {
-    let cmd = call.cmd().command();
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg(BIN)
-        .args(cmd.get_args())
-        .current_dir(cwd)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdin(Stdio::null())
-        .output()
-        .expect("sh runs");
-    Out::from(out)
+/// `call` run by `sh -c SCRIPT` (which gets BIN and the call's arguments
+/// as `$0 "$@"`), so the shell can close or redirect its streams.
+fn via_sh(script: &str, call: Cmd) -> Out {
+    call.through("sh", &[OsStr::new("-c"), OsStr::new(script)])
+        .run()
 }
 
 /// The lock is free: the next acquire takes it without a takeover.
@@ -121,7 +111,7 @@ fn an_acquire_whose_result_cannot_be_written_holds_no_lock() {
         ("full", r#"exec "$0" "$@" >/dev/full"#),
         ("closed", r#"exec "$0" "$@" >&-"#),
     ] {
-        let out = via_sh(&repo, script, args());
+        let out = via_sh(script, args());
         assert_eq!(out.code, 2, "{how}: {}", out.stderr);
         assert!(out.stdout.is_empty(), "{how}");
         free(&lock);
@@ -133,12 +123,12 @@ fn an_acquire_whose_result_cannot_be_written_holds_no_lock() {
         r#"trap '' PIPE; {{ "$0" "$@"; echo $? >'{}'; }} | true"#,
         status.display()
     );
-    via_sh(&repo, &script, args());
+    via_sh(&script, args());
     let code = std::fs::read_to_string(&status).unwrap();
     assert_eq!(code.trim(), "2", "an acquire into a closed pipe");
     free(&lock);
     // `>/dev/null` is the caller's choice, not a closed stream.
-    let out = via_sh(&repo, r#"exec "$0" "$@" >/dev/null"#, args());
+    let out = via_sh(r#"exec "$0" "$@" >/dev/null"#, args());
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(lock.state(), "held");
 }
@@ -152,7 +142,7 @@ fn an_acquire_that_waited_gives_the_lock_back_when_its_result_is_lost() {
     let fence = first.fence().unwrap();
     // Waits out the first lease, takes the lock over, cannot print it.
     let waiter = lock.op("acquire").wait(20);
-    let out = via_sh(&repo, r#"exec "$0" "$@" >/dev/full"#, waiter);
+    let out = via_sh(r#"exec "$0" "$@" >/dev/full"#, waiter);
     assert_eq!(out.code, 2, "{}", out.stderr);
     match lock.acquire() {
         Reply::Acquired {
@@ -173,13 +163,13 @@ fn a_run_whose_result_cannot_be_written_leaves_no_lock() {
     let repo = env.git_repo("r");
     let lock = Lock::new(&repo, "s", "o/r");
     let run = || lock.op("run").command(["true"]);
-    let out = via_sh(&repo, r#"exec "$0" "$@" >&- 2>/dev/full"#, run());
+    let out = via_sh(r#"exec "$0" "$@" >&- 2>/dev/full"#, run());
     assert_eq!(out.code, 2, "{}", out.stderr);
     free(&lock);
     // Its stdout closed, run still runs CMD and reports on stderr.
-    let out = via_sh(&repo, r#"exec "$0" "$@" >&-"#, run());
+    let out = via_sh(r#"exec "$0" "$@" >&-"#, run());
     assert!(matches!(
-        run_reply(&out),
+        out.run_reply(),
         Reply::Ran {
             released: true,
             exit_status: 0,
@@ -269,7 +259,7 @@ fn every_command(lock: &Lock, lower: &Lock, skill: &str, repo: &str, takeover: b
 /// Every path component below `dir` is at most 255 bytes.
 #[track_caller]
 fn components_fit(dir: &Path) {
-    for rel in crate::common::tree(dir) {
+    for rel in crate::harness::tree(dir) {
         for c in Path::new(&rel).components() {
             let len = c.as_os_str().len();
             assert!(len <= 255, "{rel}: a component of {len} bytes");
@@ -304,7 +294,7 @@ fn the_longest_names_work_on_every_command_in_the_file_store() {
 fn the_longest_names_and_names_git_refuses_work_in_the_git_store() {
     let env = TestEnv::new();
     let repo = env.git_repo("r");
-    let remote = crate::common::gitd::bare_repo(&env.path("remote.git"));
+    let remote = crate::harness::gitd::bare_repo(&env.path("remote.git"));
     let url = format!("git:file://{}", remote.display());
     let cache = env.path("cache");
     let (skill, name) = long_names(64, 100, 100);
@@ -341,12 +331,16 @@ fn the_longest_names_and_names_git_refuses_work_in_the_git_store() {
 
 #[test]
 fn the_longest_names_work_in_the_etcd_store() {
-    let Some(ep) = crate::common::etcd_endpoint("edges27: the longest names on etcd") else {
+    let Some(ep) = crate::harness::etcd_endpoint("no_second_writer: the longest names on etcd")
+    else {
         return;
     };
     let env = TestEnv::new();
     let dir = env.dir("w");
-    let url = format!("etcd://{ep}{}", crate::common::etcd_prefix(&env, "edges27"));
+    let url = format!(
+        "etcd://{ep}{}",
+        crate::harness::etcd_prefix(&env, "no_second_writer")
+    );
     let (skill, name) = long_names(64, 100, 100);
     let lock = Lock::new(&dir, &skill, &name).in_store(&url);
     let lower = Lock::new(&dir, &skill.to_lowercase(), &name).in_store(&url);
@@ -389,7 +383,7 @@ fn forge(repo: &Path, host: &str, note: &str) {
     let record = dir.join("owner.json");
     let forged = dir.join("forged.tmp");
     std::fs::copy(&record, &forged).unwrap();
-    crate::common::edit_json_file(&forged, &[("host", host.into()), ("note", note.into())]);
+    crate::harness::edit_json_file(&forged, &[("host", host.into()), ("note", note.into())]);
     std::fs::rename(forged, record).unwrap();
 }
 
@@ -414,7 +408,7 @@ fn a_forged_host_and_note_reach_no_terminal() {
         displays_only(&out.stderr, "stderr");
     }
     // Escaped, not dropped: a JSON reader sees the record as stored.
-    match reply(&outs[0]) {
+    match &outs[0].reply() {
         Reply::AlreadyRunning { holder, hint, .. } => {
             assert_eq!(
                 (holder.host.as_str(), holder.note.as_deref()),
@@ -424,7 +418,7 @@ fn a_forged_host_and_note_reach_no_terminal() {
         }
         other => panic!("{other:?}"),
     }
-    match reply(&outs[4]) {
+    match &outs[4].reply() {
         Reply::Released {
             holder: Some(h), ..
         } => assert_eq!(h.host, HOSTILE),
@@ -441,8 +435,7 @@ fn a_run_that_lost_its_lock_names_a_forged_holder_on_one_line() {
         .op("run")
         .ttl(3)
         .command(["sleep", "30"])
-        .cmd()
-        .command()
+        .into_command()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -473,7 +466,7 @@ fn a_run_that_lost_its_lock_names_a_forged_holder_on_one_line() {
     ] {
         assert!(lost.contains(shown), "{lost}");
     }
-    assert!(matches!(run_reply(&out), Reply::Ran { lost: true, .. }));
+    assert!(matches!(out.run_reply(), Reply::Ran { lost: true, .. }));
 }
 
 /// Pastes `hint` into `sh -c` in `cwd` and checks that it released.
@@ -490,7 +483,7 @@ fn paste(hint: &str, cwd: &Path, envs: &[(&str, &Path)]) {
     }
     let out = Out::from(cmd.output().unwrap());
     assert!(
-        matches!(reply(&out), Reply::Released { forced: true, .. }),
+        matches!(out.reply(), Reply::Released { forced: true, .. }),
         "{hint}: {}",
         out.stderr
     );
@@ -518,7 +511,7 @@ fn the_hint_pastes_for_a_root_that_is_not_utf8_or_holds_controls() {
     ] {
         let dir = env.root.join(std::ffi::OsStr::from_bytes(name));
         std::fs::create_dir(&dir).unwrap();
-        crate::common::git(&dir, &["init", "-q"]);
+        crate::harness::git(&dir, &["init", "-q"]);
         let lock = Lock::new(&dir, "s", "o/r");
         let hint = hint_of(&lock);
         assert!(hint.contains(" --root "), "{hint}");
@@ -530,7 +523,7 @@ fn the_hint_pastes_for_a_root_that_is_not_utf8_or_holds_controls() {
 #[test]
 fn the_hint_pastes_for_a_relative_git_store_path() {
     let env = TestEnv::new();
-    crate::common::gitd::bare_repo(&env.path("coord.git"));
+    crate::harness::gitd::bare_repo(&env.path("coord.git"));
     let cwd = env.dir("w");
     let cache = env.path("cache");
     let elsewhere = env.dir("elsewhere");

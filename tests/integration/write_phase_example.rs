@@ -6,9 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common::verbs::Lock;
+use crate::harness::{BIN, Lock};
 
-const BIN: &str = env!("CARGO_BIN_EXE_skill-lock");
 const SKILL: &str = "example-sweep";
 const REPO: &str = "apache/example";
 
