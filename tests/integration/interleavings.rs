@@ -1,4 +1,4 @@
-//! Forced interleavings of the file store (SPEC §7, docs/design.md "Each
+//! Forced interleavings of the file store (SPEC §7, docs/safety.md "Each
 //! interleaving"): the test takes a lock's guard itself
 //! (`run/keys/<name>.guard`, an exclusive `flock`), starts real processes of
 //! the binary, which queue on that flock (seen in `/proc/locks`), changes the
