@@ -29,10 +29,12 @@ pub(super) fn visit_locks(
     let refs = remote.ls_remote(std::slice::from_ref(&pattern), &prefix, deadline)?;
     let named = named_in_order(refs, &prefix);
     let memo = memo::list_memo(remote, &prefix);
-    let fresh = !named.iter().all(|(_, _, o)| memo.contains_key(o));
+    // Each ref's state file in the memo, looked up once.
+    let remembered: Vec<Option<&[u8]>> = named.iter().map(|(_, _, o)| memo.get(o)).collect();
+    let fresh = remembered.iter().any(Option::is_none);
     // Those the memo lacks: read from the cache, after one fetch.
     let unread: Vec<usize> = (0..named.len())
-        .filter(|i| !memo.contains_key(&named[*i].2))
+        .filter(|i| remembered[*i].is_none())
         .collect();
     let wanted: Vec<(String, String)> = unread
         .iter()
@@ -42,19 +44,25 @@ pub(super) fn visit_locks(
     // A ref that moved since it was listed was read at its new commit:
     // not kept under the old one.
     let moved: std::collections::HashSet<usize> = moved.iter().map(|k| unread[*k]).collect();
-    let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+    // What the next `list` is to find in the memo: by index into `named`,
+    // with the state file when it was read rather than remembered.
+    let mut kept: Vec<(usize, Option<Vec<u8>>)> = Vec::new();
     let mut next = 0;
-    let mut hand = |i: usize, found: Found| -> Result<()> {
+    let mut hand = |i: usize, found: Found, remembered: Option<&[u8]>| -> Result<()> {
         let (key, r, oid) = &named[i];
-        let seen = match found {
-            Found::State(body) => {
+        let seen = match (remembered, found) {
+            (Some(body), _) => {
+                kept.push((i, None));
+                chain::interpret_state(remote, oid, body)
+            }
+            (None, Found::State(body)) => {
                 let seen = chain::interpret_state(remote, oid, &body);
                 if memo::memo_worthy(&body) && !moved.contains(&i) {
-                    kept.push((oid.clone(), body));
+                    kept.push((i, Some(body)));
                 }
                 seen
             }
-            other => chain::interpret(remote, oid, other).ok_or_else(|| {
+            (None, other) => chain::interpret(remote, oid, other).ok_or_else(|| {
                 remote.unavailable(&format!("the objects of {r} ({oid}) are not in the cache"))
             })?,
         };
@@ -70,23 +78,31 @@ pub(super) fn visit_locks(
         visit(Listed::new(key, r.clone(), seen.current))
     };
     // The memo's, up to `upto`; then each one read, in its place.
-    let mut from_memo = |upto: usize, hand: &mut dyn FnMut(usize, Found) -> Result<()>| {
-        while next < upto {
-            if let Some(body) = memo.get(&named[next].2) {
-                hand(next, Found::State(body.clone()))?;
+    let mut from_memo =
+        |upto: usize, hand: &mut dyn FnMut(usize, Found, Option<&[u8]>) -> Result<()>| {
+            while next < upto {
+                if let Some(body) = remembered[next] {
+                    hand(next, Found::Missing, Some(body))?;
+                }
+                next += 1;
             }
-            next += 1;
-        }
-        Ok::<(), Error>(())
-    };
+            Ok::<(), Error>(())
+        };
     objects::finish(remote, plans, &mut |k, found| {
         from_memo(unread[k], &mut hand)?;
-        hand(unread[k], found)?;
+        hand(unread[k], found, None)?;
         from_memo(unread[k] + 1, &mut hand)
     })?;
     from_memo(named.len(), &mut hand)?;
     if fresh || memo.len() != kept.len() {
-        memo::save_list_memo(remote, &prefix, &kept);
+        let entries: Vec<(&str, &[u8])> = kept
+            .iter()
+            .filter_map(|(i, body)| {
+                let body = body.as_deref().or(remembered[*i])?;
+                Some((named[*i].2.as_str(), body))
+            })
+            .collect();
+        memo::save_list_memo(remote, &prefix, &entries);
     }
     Ok(0)
 }

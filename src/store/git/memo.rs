@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::io::Read as _;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::objects::MAX_STATE;
@@ -117,40 +118,66 @@ fn list_memo_file(remote: &Remote, prefix: &str) -> PathBuf {
         .join(format!("list-{}", &h[..32]))
 }
 
-/// The state files of the commits the last `list` of `prefix` read, by
-/// commit (empty when there is no such memo, or it is damaged).
-pub(super) fn list_memo(remote: &Remote, prefix: &str) -> HashMap<String, Vec<u8>> {
-    let mut memo = HashMap::new();
+/// The state files of the commits the last `list` of a prefix read, by
+/// commit: the memo file as read, and where each commit's state file is
+/// in it (no copy of each).
+#[derive(Default)]
+pub(super) struct ListMemo {
+    bytes: Vec<u8>,
+    at: HashMap<String, Range<usize>>,
+}
+
+impl ListMemo {
+    /// The state file of `oid`, if the memo holds it.
+    pub(super) fn get(&self, oid: &str) -> Option<&[u8]> {
+        self.at.get(oid).and_then(|r| self.bytes.get(r.clone()))
+    }
+
+    /// The commits it holds.
+    pub(super) fn len(&self) -> usize {
+        self.at.len()
+    }
+}
+
+/// The memo of the last `list` of `prefix` (empty when there is no such
+/// memo, or it is damaged).
+pub(super) fn list_memo(remote: &Remote, prefix: &str) -> ListMemo {
     let Some(bytes) = read_bounded(&list_memo_file(remote, prefix), LIST_MEMO_MAX + (1 << 20))
     else {
-        return memo;
+        return ListMemo::default();
     };
-    let Some(mut rest) = bytes.strip_prefix(LIST_MEMO_HEADER) else {
-        return memo;
-    };
+    if !bytes.starts_with(LIST_MEMO_HEADER) {
+        return ListMemo::default();
+    }
+    let mut at = LIST_MEMO_HEADER.len();
+    let mut entries = HashMap::new();
     // Entries: `OID LEN\n`, then LEN bytes and a newline.
-    while !rest.is_empty() {
+    while at < bytes.len() {
+        let rest = &bytes[at..];
         let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
-            return HashMap::new();
+            return ListMemo::default();
         };
-        let head = String::from_utf8_lossy(&rest[..nl]).into_owned();
-        let Some((oid, len)) = head.split_once(' ') else {
-            return HashMap::new();
+        let Some((oid, len)) = std::str::from_utf8(&rest[..nl])
+            .ok()
+            .and_then(|head| head.split_once(' '))
+        else {
+            return ListMemo::default();
         };
         let len: usize = len.parse().unwrap_or(usize::MAX);
         let body = rest.get(nl + 1..).unwrap_or_default();
         if !is_oid(oid) || len > LIST_MEMO_ENTRY || body.len() <= len || body[len] != b'\n' {
-            return HashMap::new();
+            return ListMemo::default();
         }
-        memo.insert(oid.to_owned(), body[..len].to_vec());
-        rest = &body[len + 1..];
+        let start = at + nl + 1;
+        entries.insert(oid.to_owned(), start..start + len);
+        at = start + len + 1;
     }
-    memo
+    ListMemo { bytes, at: entries }
 }
 
 /// Keeps `entries` (commit, state file) for the next `list` of `prefix`:
 /// those small enough, up to the memo's bound.
-pub(super) fn save_list_memo(remote: &Remote, prefix: &str, entries: &[(String, Vec<u8>)]) {
+pub(super) fn save_list_memo(remote: &Remote, prefix: &str, entries: &[(&str, &[u8])]) {
     let mut bytes = LIST_MEMO_HEADER.to_vec();
     for (oid, body) in entries {
         if body.len() > LIST_MEMO_ENTRY || !is_oid(oid) {
