@@ -497,7 +497,7 @@ pub(crate) mod tests {
         let parse_slow = |text: &str| {
             time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
                 .ok()
-                .map(|d| d.unix_timestamp())
+                .map(time::OffsetDateTime::unix_timestamp)
         };
         let mut t = first;
         while t < end {

@@ -48,21 +48,21 @@ pub(super) fn visit_locks(
     // with the state file when it was read rather than remembered.
     let mut kept: Vec<(usize, Option<Vec<u8>>)> = Vec::new();
     let mut next = 0;
-    let mut hand = |i: usize, found: Found, remembered: Option<&[u8]>| -> Result<()> {
+    let mut hand = |i: usize, from: Source| -> Result<()> {
         let (key, r, oid) = &named[i];
-        let seen = match (remembered, found) {
-            (Some(body), _) => {
+        let seen = match from {
+            Source::Memo(body) => {
                 kept.push((i, None));
                 chain::interpret_state(remote, oid, body)
             }
-            (None, Found::State(body)) => {
+            Source::Read(Found::State(body)) => {
                 let seen = chain::interpret_state(remote, oid, &body);
                 if memo::memo_worthy(&body) && !moved.contains(&i) {
                     kept.push((i, Some(body)));
                 }
                 seen
             }
-            (None, other) => chain::interpret(remote, oid, other).ok_or_else(|| {
+            Source::Read(other) => chain::interpret(remote, oid, other).ok_or_else(|| {
                 remote.unavailable(&format!("the objects of {r} ({oid}) are not in the cache"))
             })?,
         };
@@ -78,33 +78,37 @@ pub(super) fn visit_locks(
         visit(Listed::new(key, r.clone(), seen.current))
     };
     // The memo's, up to `upto`; then each one read, in its place.
-    let mut from_memo =
-        |upto: usize, hand: &mut dyn FnMut(usize, Found, Option<&[u8]>) -> Result<()>| {
-            while next < upto {
-                if let Some(body) = remembered[next] {
-                    hand(next, Found::Missing, Some(body))?;
-                }
-                next += 1;
+    let mut from_memo = |upto: usize, hand: &mut dyn FnMut(usize, Source) -> Result<()>| {
+        while next < upto {
+            if let Some(body) = remembered[next] {
+                hand(next, Source::Memo(body))?;
             }
-            Ok::<(), Error>(())
-        };
+            next += 1;
+        }
+        Ok::<(), Error>(())
+    };
     objects::finish(remote, plans, &mut |k, found| {
         from_memo(unread[k], &mut hand)?;
-        hand(unread[k], found, None)?;
+        hand(unread[k], Source::Read(found))?;
         from_memo(unread[k] + 1, &mut hand)
     })?;
     from_memo(named.len(), &mut hand)?;
     if fresh || memo.len() != kept.len() {
-        let entries: Vec<(&str, &[u8])> = kept
-            .iter()
-            .filter_map(|(i, body)| {
-                let body = body.as_deref().or(remembered[*i])?;
-                Some((named[*i].2.as_str(), body))
-            })
+        // The state files kept, in `list`'s order.
+        let entries: Vec<(&str, &[u8])> = (kept.iter())
+            .filter_map(|(i, b)| Some((named[*i].2.as_str(), b.as_deref().or(remembered[*i])?)))
             .collect();
         memo::save_list_memo(remote, &prefix, &entries);
     }
     Ok(0)
+}
+
+/// Where a lock's state file came from.
+enum Source<'m> {
+    /// The memo of the last `list`.
+    Memo(&'m [u8]),
+    /// The cache, read now.
+    Read(Found),
 }
 
 /// The lock refs of `list`, each with its key (a digest stem's key is
