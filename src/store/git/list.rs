@@ -94,13 +94,32 @@ pub(super) fn visit_locks(
     })?;
     from_memo(named.len(), &mut hand)?;
     if fresh || memo.len() != kept.len() {
-        // The state files kept, in `list`'s order.
-        let entries: Vec<(&str, &[u8])> = (kept.iter())
-            .filter_map(|(i, b)| Some((named[*i].2.as_str(), b.as_deref().or(remembered[*i])?)))
-            .collect();
-        memo::save_list_memo(remote, &prefix, &entries);
+        save_memo(remote, &prefix, &named, &remembered, &kept);
     }
     Ok(0)
+}
+
+/// Keeps the state files `kept` (by index into `named`; with the state
+/// file when it was read, else the memo's) for the next `list`.
+fn save_memo(
+    remote: &Remote,
+    prefix: &str,
+    named: &[(Option<LockKey>, String, String)],
+    remembered: &[Option<&[u8]>],
+    kept: &[(usize, Option<Vec<u8>>)],
+) {
+    let entries: Vec<(&str, &str, &[u8])> = kept
+        .iter()
+        .filter_map(|(i, body)| {
+            let (_, r, oid) = &named[*i];
+            Some((
+                oid.as_str(),
+                r.as_str(),
+                body.as_deref().or(remembered[*i])?,
+            ))
+        })
+        .collect();
+    memo::save_list_memo(remote, prefix, &entries);
 }
 
 /// Where a lock's state file came from.

@@ -41,8 +41,9 @@
 //! see `memo.rs`); otherwise a `cat-file` pair, after a `git fetch` when the
 //! commit is not in the cache yet. A change reads with one `git fetch
 //! --porcelain`, which both names the ref's commit and brings it. A change
-//! on a lock this host wrote or read last is first decided on that state and
-//! pushed with it as the lease, saving the read, and so is one on a lock this
+//! on a lock this host wrote or read last (or, failing that, saw in its last
+//! `list`) is first decided on that state and pushed with it as the lease,
+//! saving the read, and so is one on a lock this
 //! host never saw, believed absent (leased on the empty value): so an
 //! acquire, renew or release is one git process, the push; a wrong guess is
 //! rejected by the server, and a guess that changes nothing is never trusted
@@ -196,8 +197,8 @@ impl Store for GitStore {
         let r = self.remote.lock_ref(key);
         let mut pending: Vec<Pending<K, W>> = Vec::new();
         let mut unknown_why = None;
-        // The ref as this host last wrote or read it, or absent when this
-        // host never saw it: deciding on it and pushing with it as the lease
+        // The ref as this host last wrote or read it (alone or in a
+        // `list`), or absent when this host never saw it: deciding on it and pushing with it as the lease
         // (the server's compare-and-swap) saves the read when nobody changed
         // the lock since (acquire, renew, release). A push that lands proves
         // the ref was exactly that state, so everything decided on it (the
@@ -284,10 +285,12 @@ enum Step<K, W> {
 }
 
 impl GitStore {
-    /// The state this host last wrote to `r` (or read of it), to decide on
-    /// without a read.
+    /// The state this host last wrote to `r` (or read of it: alone, or
+    /// else in the last `list`), to decide on without a read.
     fn remembered(&self, r: &str) -> Option<RefState> {
-        let (oid, body) = memo::memo(&self.remote, r)?;
+        let prefix = self.remote.ns_prefix(REF_PREFIX);
+        let (oid, body) =
+            memo::memo(&self.remote, r).or_else(|| memo::listed(&self.remote, &prefix, r))?;
         let seen = chain::interpret_state(&self.remote, &oid, &body);
         matches!(seen.current, Current::Free | Current::Held(_)).then_some(seen)
     }
