@@ -1,6 +1,6 @@
 //! What the git store's cache directory needs of the OS, declared once as
-//! [`CacheOs`] and implemented for [`Os`] on Unix and on Windows, so the
-//! compiler checks that both offer the same functions.
+//! [`CacheOs`] and implemented for [`Os`] on Unix and on Windows: the
+//! compiler checks both against the one declaration.
 
 use std::fs::DirBuilder;
 use std::path::Path;
