@@ -32,6 +32,9 @@ impl Timestamp {
     /// RFC 3339 UTC to the second, e.g. `2026-12-02T10:00:00Z`.
     #[must_use]
     pub fn rfc3339(self) -> String {
+        if let Some(text) = self.rfc3339_fast() {
+            return text;
+        }
         let fmt =
             time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
         time::OffsetDateTime::from_unix_timestamp(self.0)
@@ -40,11 +43,94 @@ impl Timestamp {
             .unwrap_or_else(|| format!("@{}", self.0))
     }
 
+    /// [`Self::rfc3339`] of a time in years 0000-9999, written without a
+    /// format description (`list` writes two a lock): the civil date from
+    /// the day number (H. Hinnant's `civil_from_days`).
+    fn rfc3339_fast(self) -> Option<String> {
+        // 0000-01-01T00:00:00Z and 10000-01-01T00:00:00Z.
+        if !(-62_167_219_200..253_402_300_800).contains(&self.0) {
+            return None;
+        }
+        let (days, secs) = (self.0.div_euclid(86_400), self.0.rem_euclid(86_400));
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        let mut text = *b"0000-00-00T00:00:00Z";
+        for (at, value, width) in [
+            (0, year, 4),
+            (5, month, 2),
+            (8, day, 2),
+            (11, secs / 3600, 2),
+            (14, secs % 3600 / 60, 2),
+            (17, secs % 60, 2),
+        ] {
+            let mut v = value;
+            for i in (at..at + width).rev() {
+                // A digit: `v % 10` is 0 to 9.
+                text[i] = b'0' + u8::try_from(v % 10).unwrap_or(0);
+                v /= 10;
+            }
+        }
+        String::from_utf8(text.to_vec()).ok()
+    }
+
+    /// [`Self::parse`] of the form this tool writes, `YYYY-MM-DDTHH:MM:SSZ`,
+    /// without a format description (`list` reads two a lock); `None` for
+    /// anything else, left to the full parser.
+    fn parse_fast(text: &str) -> Option<Self> {
+        let b = text.as_bytes();
+        let shape = b"dddd-dd-ddTdd:dd:ddZ";
+        if b.len() != shape.len()
+            || !b.iter().zip(shape).all(|(c, s)| match s {
+                b'd' => c.is_ascii_digit(),
+                _ => c == s,
+            })
+        {
+            return None;
+        }
+        let num = |from: usize, to: usize| {
+            b[from..to]
+                .iter()
+                .fold(0_i64, |n, c| n * 10 + i64::from(c - b'0'))
+        };
+        let (year, month, day) = (num(0, 4), num(5, 7), num(8, 10));
+        let (hour, minute, second) = (num(11, 13), num(14, 16), num(17, 19));
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+        let days_in = match month {
+            1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+            4 | 6 | 9 | 11 => 30,
+            2 if leap => 29,
+            2 => 28,
+            _ => return None,
+        };
+        if day < 1 || day > days_in || hour > 23 || minute > 59 || second > 59 {
+            return None;
+        }
+        // H. Hinnant's `days_from_civil`.
+        let y = if month <= 2 { year - 1 } else { year };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let mp = if month > 2 { month - 3 } else { month + 9 };
+        let doy = (153 * mp + 2) / 5 + day - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        let days = era * 146_097 + doe - 719_468;
+        Some(Self(days * 86_400 + hour * 3600 + minute * 60 + second))
+    }
+
     /// Parses RFC 3339 (any offset), dropping fractions of a second. A time
     /// whose UTC form falls outside years 0000-9999 is refused, since it
     /// could not be written back as RFC 3339.
     #[must_use]
     pub fn parse(text: &str) -> Option<Self> {
+        if let Some(t) = Self::parse_fast(text) {
+            return Some(t);
+        }
         time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
             .ok()
             .and_then(|t| t.checked_to_offset(time::UtcOffset::UTC))
@@ -386,6 +472,58 @@ pub fn random_suffix() -> String {
 pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The date arithmetic writes what the format description writes, on
+    /// every day of years 0000-9999 (at a second that moves each day) and
+    /// at both ends of the range.
+    #[test]
+    fn rfc3339_without_a_format_description_is_the_same_text() {
+        let fmt =
+            time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+        let slow = |t: i64| {
+            time::OffsetDateTime::from_unix_timestamp(t)
+                .ok()
+                .and_then(|d| d.format(&fmt).ok())
+        };
+        let (first, end) = (-62_167_219_200_i64, 253_402_300_800_i64);
+        let mut t = first;
+        while t < end {
+            assert_eq!(Timestamp(t).rfc3339_fast(), slow(t), "{t}");
+            t += 86_400 + 37;
+        }
+        for t in [first, first + 1, -1, 0, 1, end - 1] {
+            assert_eq!(Timestamp(t).rfc3339_fast(), slow(t), "{t}");
+        }
+        let parse_slow = |text: &str| {
+            time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+                .ok()
+                .map(time::OffsetDateTime::unix_timestamp)
+        };
+        let mut t = first;
+        while t < end {
+            let text = Timestamp(t).rfc3339();
+            assert_eq!(Timestamp::parse_fast(&text).map(|p| p.0), parse_slow(&text));
+            t += 86_400 * 3 + 3_599;
+        }
+        for bad in [
+            "2026-02-29T00:00:00Z",
+            "2024-02-30T00:00:00Z",
+            "2026-13-01T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+            "2026-01-01T24:00:00Z",
+            "2026-01-01T00:60:00Z",
+            "2026-01-01T00:00:60Z",
+            "2026-00-01T00:00:00Z",
+            "2026-01-00T00:00:00Z",
+            "2026-01-01t00:00:00z",
+            "2026-01-01T00:00:00+00:00",
+        ] {
+            let fast = Timestamp::parse_fast(bad).map(|p| p.0);
+            assert!(fast.is_none() || fast == parse_slow(bad), "{bad}");
+        }
+        assert_eq!(Timestamp(first - 1).rfc3339_fast(), None);
+        assert_eq!(Timestamp(end).rfc3339_fast(), None);
+    }
 
     pub(crate) fn sample(note: Option<String>) -> OwnerRecord {
         sample_new(note).fenced(7)

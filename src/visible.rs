@@ -75,6 +75,10 @@ impl serde_json::ser::Formatter for Escaping {
         writer: &mut W,
         fragment: &str,
     ) -> io::Result<()> {
+        // Printable ASCII, nearly every fragment, needs no look at characters.
+        if fragment.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return writer.write_all(fragment.as_bytes());
+        }
         let mut rest = fragment;
         while let Some((at, c)) = rest.char_indices().find(|&(_, c)| is_unsafe(c)) {
             writer.write_all(&rest.as_bytes()[..at])?;

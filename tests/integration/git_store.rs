@@ -499,6 +499,48 @@ fn a_lock_never_seen_here_is_believed_absent_and_a_wrong_belief_changes_nothing(
     assert_eq!(host(2).acquire().is("acquired").fence(), Some(4));
 }
 
+/// A host that only listed a lock decides a change on what `list` saw and
+/// pushes leased on that commit, with no read (issue 38). Right, the
+/// decision stands; wrong (the lock changed since the list), the server
+/// rejects the push and nothing changes, and what it answers after reading
+/// is what a read would have decided: the next fence, `others_since` from
+/// the fence it replaced. A refusal changes nothing, so it is never
+/// trusted on that belief: it is decided again on a read.
+#[test]
+fn a_lock_only_listed_here_is_decided_on_what_list_saw_and_a_wrong_belief_changes_nothing() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let remote = Store::git(&env, None);
+    let host = |n: usize| remote.lock_as(n, &cwd, "s", "o/r");
+    let first = host(1).acquire().is("acquired");
+    assert_eq!(first.fence(), Some(1));
+    // Host 2 lists the lock held, and is refused (after a read).
+    host(2).list().is("list");
+    host(2).acquire().is("already_running");
+    host(1).check(first.token()).is("held");
+    host(1).release(first.token()).is("released");
+    // Host 3 lists it free; host 4 takes and releases it since.
+    host(3).list().is("list");
+    let fourth = host(4).acquire().is("acquired");
+    assert_eq!(fourth.fence(), Some(2));
+    host(4).release(fourth.token()).is("released");
+    // Host 3's belief (free at fence 1) is wrong: rejected, read, decided
+    // again: the fence after host 4's, and someone was there since fence 1.
+    let third = host(3).acquire_since(Some(1), &[]).is("acquired");
+    assert_eq!(third.fence(), Some(3));
+    assert_eq!(third.others_since(), Some(true));
+    // Host 5 lists it held by host 3, which releases; host 5's belief
+    // (held, a refusal) is not trusted: after the read it takes the lock.
+    host(5).list().is("list");
+    host(3).release(third.token()).is("released");
+    let fifth = host(5).acquire().is("acquired");
+    assert_eq!(fifth.fence(), Some(4));
+    // Host 6 lists it held and is refused; host 5 still holds it.
+    host(6).list().is("list");
+    host(6).acquire().is("already_running");
+    host(5).check(fifth.token()).is("held");
+}
+
 #[test]
 fn history_is_the_refs_log_bounded_by_new_roots_and_ten_archived_chains() {
     let env = TestEnv::new();

@@ -1,7 +1,6 @@
 //! Running git: every prompt disabled, an environment that cannot redirect
 //! it, its own process group killed at a deadline.
 
-#![allow(clippy::wildcard_imports)]
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -337,65 +336,4 @@ pub(super) fn jitter(d: Duration) -> Duration {
     let r = random_suffix();
     let x = u32::from_str_radix(r.get(..4).unwrap_or("8000"), 16).unwrap_or(0x8000);
     d.mul_f64(0.5 + f64::from(x) / 65536.0)
-}
-
-pub(super) trait Mode0700 {
-    fn mode_0700(&mut self) -> &mut Self;
-}
-
-impl Mode0700 for std::fs::DirBuilder {
-    fn mode_0700(&mut self) -> &mut Self {
-        sys::mode_0700(self);
-        self
-    }
-}
-
-/// The git store's per-OS part: who the invoking user is, for its cache.
-#[cfg(unix)]
-pub(super) mod sys {
-    use std::path::Path;
-
-    /// Directories created 0700.
-    pub(in super::super) fn mode_0700(builder: &mut std::fs::DirBuilder) {
-        std::os::unix::fs::DirBuilderExt::mode(builder, 0o700);
-    }
-
-    /// Is `dir` the invoking user's and writable by nobody else?
-    pub(in super::super) fn ours_alone(dir: &Path) -> std::io::Result<bool> {
-        use std::os::unix::fs::MetadataExt;
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        let meta = std::fs::metadata(dir)?;
-        Ok(meta.uid() == uid && meta.mode() & 0o022 == 0)
-    }
-
-    /// The invoking user, in the name of a directory of their own.
-    pub(in super::super) fn user_tag() -> String {
-        // SAFETY: getuid has no preconditions.
-        unsafe { libc::getuid() }.to_string()
-    }
-}
-
-/// The git store's per-OS part: on Windows the temporary directory is the
-/// user's own (in the profile), and a directory inherits its parent's ACL.
-#[cfg(windows)]
-pub(super) mod sys {
-    use std::path::Path;
-
-    /// Nothing to set: the directory inherits its parent's ACL.
-    pub(in super::super) fn mode_0700(_builder: &mut std::fs::DirBuilder) {}
-
-    /// The temporary directory is the user's own.
-    #[allow(
-        clippy::unnecessary_wraps,
-        reason = "the same functions as on Unix, where the metadata may fail"
-    )]
-    pub(in super::super) fn ours_alone(_dir: &Path) -> std::io::Result<bool> {
-        Ok(true)
-    }
-
-    /// The temporary directory is the user's own: any name will do.
-    pub(in super::super) fn user_tag() -> String {
-        "user".to_owned()
-    }
 }

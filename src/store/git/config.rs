@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::cmd::{self, git_command, run};
+use super::os::{CacheOs, Os};
 use crate::error::{Error, Result};
 use crate::vars::{Vars, var};
 
@@ -194,7 +195,7 @@ pub(super) fn cache_dir(vars: &Vars, cwd: &Path) -> PathBuf {
     if let Some(h) = vars.get(var::HOME) {
         return Path::new(&h).join(".cache").join("skill-lock").join("git");
     }
-    let uid = super::cmd::sys::user_tag();
+    let uid = Os::user_tag();
     std::env::temp_dir()
         .join(format!("skill-lock-{uid}"))
         .join("git")

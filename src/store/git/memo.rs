@@ -1,6 +1,7 @@
 //! What this host remembers of the remote, to read less of it: the state
 //! it last wrote to (or read of) each lock ref, and the state files of the
-//! commits `list` last read. Both live in the cache (`skill-lock-tips/`),
+//! commits `list` last read, with the ref each was read at (so a change of
+//! a lock this host only listed is decided on what `list` saw). Both live in the cache (`skill-lock-tips/`),
 //! are written whole (a temporary file renamed into place) and read bounded,
 //! from regular files only; a lost or damaged one only costs the reads it
 //! would have saved. A commit's state file never changes (an object id
@@ -8,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::io::Read as _;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::objects::MAX_STATE;
@@ -17,7 +19,7 @@ use super::remote::{Remote, is_oid};
 const LIST_MEMO_ENTRY: usize = 4096;
 /// ...and all of them at most this much.
 const LIST_MEMO_MAX: usize = 32 << 20;
-const LIST_MEMO_HEADER: &[u8] = b"skill-lock list memo 1\n";
+const LIST_MEMO_HEADER: &[u8] = b"skill-lock list memo 2\n";
 
 /// Reads at most `max` bytes of a regular file (`None`: absent, not a
 /// regular file, or larger).
@@ -117,49 +119,109 @@ fn list_memo_file(remote: &Remote, prefix: &str) -> PathBuf {
         .join(format!("list-{}", &h[..32]))
 }
 
-/// The state files of the commits the last `list` of `prefix` read, by
-/// commit (empty when there is no such memo, or it is damaged).
-pub(super) fn list_memo(remote: &Remote, prefix: &str) -> HashMap<String, Vec<u8>> {
-    let mut memo = HashMap::new();
+/// The state files of the commits the last `list` of a prefix read, by
+/// commit: the memo file as read, and where each commit's state file is
+/// in it (no copy of each).
+#[derive(Default)]
+pub(super) struct ListMemo {
+    bytes: Vec<u8>,
+    at: HashMap<String, Range<usize>>,
+    /// Its entries (one a ref).
+    entries: usize,
+}
+
+impl ListMemo {
+    /// The state file of `oid`, if the memo holds it.
+    pub(super) fn get(&self, oid: &str) -> Option<&[u8]> {
+        self.at.get(oid).and_then(|r| self.bytes.get(r.clone()))
+    }
+
+    /// Its entries, one a ref listed.
+    pub(super) fn len(&self) -> usize {
+        self.entries
+    }
+}
+
+/// The memo of the last `list` of `prefix` (empty when there is no such
+/// memo, or it is damaged).
+pub(super) fn list_memo(remote: &Remote, prefix: &str) -> ListMemo {
     let Some(bytes) = read_bounded(&list_memo_file(remote, prefix), LIST_MEMO_MAX + (1 << 20))
     else {
-        return memo;
+        return ListMemo::default();
     };
-    let Some(mut rest) = bytes.strip_prefix(LIST_MEMO_HEADER) else {
-        return memo;
-    };
-    // Entries: `OID LEN\n`, then LEN bytes and a newline.
-    while !rest.is_empty() {
+    let mut at = HashMap::new();
+    let mut entries = 0;
+    if !each_listed(&bytes, &mut |oid, _, body| {
+        at.insert(oid.to_owned(), body);
+        entries += 1;
+        true
+    }) {
+        return ListMemo::default();
+    }
+    ListMemo { bytes, at, entries }
+}
+
+/// The commit the last `list` of `prefix` saw at ref `r`, and its state
+/// file: what this host last read of a lock it never wrote nor read alone.
+pub(super) fn listed(remote: &Remote, prefix: &str, r: &str) -> Option<(String, Vec<u8>)> {
+    let bytes = read_bounded(&list_memo_file(remote, prefix), LIST_MEMO_MAX + (1 << 20))?;
+    let mut found = None;
+    each_listed(&bytes, &mut |oid, name, body| {
+        if name == r {
+            found = Some((oid.to_owned(), body));
+        }
+        found.is_none()
+    });
+    let (oid, body) = found?;
+    Some((oid, bytes.get(body)?.to_vec()))
+}
+
+/// Hands each entry of a list memo (commit, ref, where its state file is)
+/// to `each` until it answers `false`; `false` when the memo is damaged.
+/// Entries: `OID LEN REF\n`, then LEN bytes and a newline.
+fn each_listed(bytes: &[u8], each: &mut dyn FnMut(&str, &str, Range<usize>) -> bool) -> bool {
+    if !bytes.starts_with(LIST_MEMO_HEADER) {
+        return false;
+    }
+    let mut at = LIST_MEMO_HEADER.len();
+    while at < bytes.len() {
+        let rest = &bytes[at..];
         let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
-            return HashMap::new();
+            return false;
         };
-        let head = String::from_utf8_lossy(&rest[..nl]).into_owned();
-        let Some((oid, len)) = head.split_once(' ') else {
-            return HashMap::new();
+        let head = std::str::from_utf8(&rest[..nl]).ok();
+        let Some((oid, (len, name))) = head
+            .and_then(|h| h.split_once(' '))
+            .and_then(|(oid, rest)| Some((oid, rest.split_once(' ')?)))
+        else {
+            return false;
         };
         let len: usize = len.parse().unwrap_or(usize::MAX);
         let body = rest.get(nl + 1..).unwrap_or_default();
         if !is_oid(oid) || len > LIST_MEMO_ENTRY || body.len() <= len || body[len] != b'\n' {
-            return HashMap::new();
+            return false;
         }
-        memo.insert(oid.to_owned(), body[..len].to_vec());
-        rest = &body[len + 1..];
+        let start = at + nl + 1;
+        if !each(oid, name, start..start + len) {
+            return true;
+        }
+        at = start + len + 1;
     }
-    memo
+    true
 }
 
-/// Keeps `entries` (commit, state file) for the next `list` of `prefix`:
-/// those small enough, up to the memo's bound.
-pub(super) fn save_list_memo(remote: &Remote, prefix: &str, entries: &[(String, Vec<u8>)]) {
+/// Keeps `entries` (commit, ref, state file) for the next `list` of
+/// `prefix`: those small enough, up to the memo's bound.
+pub(super) fn save_list_memo(remote: &Remote, prefix: &str, entries: &[(&str, &str, &[u8])]) {
     let mut bytes = LIST_MEMO_HEADER.to_vec();
-    for (oid, body) in entries {
-        if body.len() > LIST_MEMO_ENTRY || !is_oid(oid) {
+    for (oid, r, body) in entries {
+        if body.len() > LIST_MEMO_ENTRY || !is_oid(oid) || r.contains(['\n', ' ']) {
             continue;
         }
-        if bytes.len() + body.len() + 100 > LIST_MEMO_MAX {
+        if bytes.len() + body.len() + r.len() + 100 > LIST_MEMO_MAX {
             break;
         }
-        bytes.extend_from_slice(format!("{oid} {}\n", body.len()).as_bytes());
+        bytes.extend_from_slice(format!("{oid} {} {r}\n", body.len()).as_bytes());
         bytes.extend_from_slice(body);
         bytes.push(b'\n');
     }

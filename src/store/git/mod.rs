@@ -41,8 +41,9 @@
 //! see `memo.rs`); otherwise a `cat-file` pair, after a `git fetch` when the
 //! commit is not in the cache yet. A change reads with one `git fetch
 //! --porcelain`, which both names the ref's commit and brings it. A change
-//! on a lock this host wrote or read last is first decided on that state and
-//! pushed with it as the lease, saving the read, and so is one on a lock this
+//! on a lock this host wrote or read last (or, failing that, saw in its last
+//! `list`) is first decided on that state and pushed with it as the lease,
+//! saving the read, and so is one on a lock this
 //! host never saw, believed absent (leased on the empty value): so an
 //! acquire, renew or release is one git process, the push; a wrong guess is
 //! rejected by the server, and a guess that changes nothing is never trusted
@@ -62,33 +63,38 @@
 //! process group is killed and the command answers `store_unavailable`.
 //!
 //! The files, each using only those below it (no module calls back up):
-//! this one holds [`GitStore`] and its [`Store`] methods (the attempt loop,
-//! `list`, `history`); below it `loose` (writing a commit's objects),
+//! this one holds [`GitStore`] and its [`Store`] methods with the attempt
+//! loop (decide, commit, push, read again on a lost race); beside it
+//! `list` (every lock in a bounded number of git processes) and `history`
+//! (every chain's events); below them `loose` (writing a commit's objects),
 //! `chain` (the state file, reading a ref into what the engine is shown,
 //! the commit message), `walk` (the history of many chains in one git
-//! process), `memo` (what this host remembers of the remote),
-//! `objects` (reading lock states out of the cache, bounded), `remote` (the
-//! `Remote`: the cache repository, `ls-remote`, `fetch` and the
-//! compare-and-swap `push`), `config` (the URL, its checks and the store's
-//! constants) and `cmd` (running git with a deadline). Below `mod.rs` they
-//! are free functions over a `Remote`, never methods of the store.
+//! process), `memo` (what this host remembers of the remote), `objects`
+//! (reading lock states out of the cache, bounded, and fetching those it
+//! lacks), `remote` (the `Remote`: the cache repository, `ls-remote`,
+//! `fetch` and the compare-and-swap `push`), `config` (the URL, its checks
+//! and the store's constants), `cmd` (running git with a deadline) and `os`
+//! (what the cache directory needs of the OS, one trait). Below `mod.rs`
+//! they are free functions over a `Remote`, never methods of the store.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::history::Event;
-use crate::key::{LockKey, is_digest_stem};
+use crate::key::LockKey;
 use crate::record::OwnerRecord;
 use crate::store::{Committed, Current, Decision, Listed, Place, Store};
 
 mod chain;
 mod cmd;
 mod config;
+mod history;
+mod list;
 mod loose;
 mod memo;
 mod objects;
+mod os;
 mod remote;
 mod walk;
 
@@ -97,11 +103,7 @@ pub use config::{
     ARCHIVE_PREFIX, ARCHIVE_SLOTS, DEFAULT_CLOCK_SKEW, DEFAULT_TIMEOUT, GitConfig, MAX_CLOCK_SKEW,
     REF_PREFIX, REMOTE_NAME, ROLL_DEPTH, has_secret, redact, validate_remote,
 };
-use objects::{Found, Plan};
 use remote::{Pushed, Remote};
-
-/// Missing commits fetched by their refs' names; more are fetched by pattern.
-const FETCH_BY_NAME: usize = 32;
 
 /// The git store.
 #[derive(Debug, Clone)]
@@ -134,45 +136,6 @@ impl GitStore {
     pub fn url_from_anywhere(&self) -> String {
         self.remote.config.url_from_anywhere()
     }
-}
-
-/// Is `name` (after the lock ref prefix) what a lock's ref is named?
-fn is_lock_stem(name: &str) -> bool {
-    LockKey::from_name(name).is_some_and(|k| k.ref_stem() == name) || is_digest_stem(name)
-}
-
-/// The lock refs of `list`, each with its key (a digest stem's key is
-/// known only once its record is read), in `list`'s order; a digest stem
-/// (a name too long for a ref) sorts by its readable prefix.
-fn named_in_order(
-    refs: HashMap<String, String>,
-    prefix: &str,
-) -> Vec<(Option<LockKey>, String, String)> {
-    let mut named: Vec<(Option<LockKey>, String, String)> = refs
-        .into_iter()
-        .filter_map(|(r, oid)| {
-            let name = r.strip_prefix(prefix)?;
-            let key = LockKey::from_name(name).filter(|k| k.ref_stem() == name);
-            (key.is_some() || is_digest_stem(name)).then_some((key, r, oid))
-        })
-        .collect();
-    named.sort_by_cached_key(|(k, r, _)| {
-        let order = k.as_ref().map_or_else(
-            || (r[prefix.len()..].to_owned(), String::new()),
-            crate::store::list_order,
-        );
-        (order, r.clone())
-    });
-    named
-}
-
-/// The key a digest stem `stem` stands for, read from the lock's record
-/// and believed only when it maps to that stem (lowercase, as a key
-/// parsed from a name is).
-fn recorded_key(current: &Current, stem: &str) -> Option<LockKey> {
-    let holder = &current.record()?.holder;
-    let name = LockKey::new(&holder.skill, &holder.repo).ok()?.name();
-    LockKey::from_name(&name).filter(|k| k.ref_stem() == stem)
 }
 
 /// An attempt whose push outcome was unknown, kept to recognise it later.
@@ -234,8 +197,8 @@ impl Store for GitStore {
         let r = self.remote.lock_ref(key);
         let mut pending: Vec<Pending<K, W>> = Vec::new();
         let mut unknown_why = None;
-        // The ref as this host last wrote or read it, or absent when this
-        // host never saw it: deciding on it and pushing with it as the lease
+        // The ref as this host last wrote or read it (alone or in a
+        // `list`), or absent when this host never saw it: deciding on it and pushing with it as the lease
         // (the server's compare-and-swap) saves the read when nobody changed
         // the lock since (acquire, renew, release). A push that lands proves
         // the ref was exactly that state, so everything decided on it (the
@@ -299,167 +262,15 @@ impl Store for GitStore {
         }
     }
 
-    /// Reads every lock ref in a bounded number of git processes, whatever
-    /// their number (SPEC §8): one `ls-remote`; the state files the last
-    /// `list` read, from its memo; for the other commits a
-    /// `cat-file --batch-check`, one `fetch` of those the cache lacks (and a
-    /// second check of them), and one `cat-file --batch` that streams their
-    /// state files. Each lock is handed over as it is read, in `list`'s order.
+    /// Every lock ref, in a bounded number of git processes (see `list.rs`).
     fn visit_locks(&self, visit: &mut dyn FnMut(Listed) -> Result<()>) -> Result<usize> {
-        let deadline = Instant::now() + self.remote.config.timeout;
-        let prefix = self.remote.ns_prefix(REF_PREFIX);
-        let pattern = format!("{prefix}*");
-        let refs = self
-            .remote
-            .ls_remote(std::slice::from_ref(&pattern), &prefix, deadline)?;
-        let named = named_in_order(refs, &prefix);
-        let memo = memo::list_memo(&self.remote, &prefix);
-        let fresh = !named.iter().all(|(_, _, o)| memo.contains_key(o));
-        // Those the memo lacks: read from the cache, after one fetch.
-        let unread: Vec<usize> = (0..named.len())
-            .filter(|i| !memo.contains_key(&named[*i].2))
-            .collect();
-        let wanted: Vec<(String, String)> = unread
-            .iter()
-            .map(|i| (named[*i].1.clone(), named[*i].2.clone()))
-            .collect();
-        let (plans, moved) = self.plans_fetched(&wanted, &[pattern], deadline)?;
-        // A ref that moved since it was listed was read at its new commit:
-        // not kept under the old one.
-        let moved: std::collections::HashSet<usize> = moved.iter().map(|k| unread[*k]).collect();
-        let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
-        let mut next = 0;
-        let mut hand = |i: usize, found: Found| -> Result<()> {
-            let (key, r, oid) = &named[i];
-            let seen = match found {
-                Found::State(body) => {
-                    let seen = chain::interpret_state(&self.remote, oid, &body);
-                    if memo::memo_worthy(&body) && !moved.contains(&i) {
-                        kept.push((oid.clone(), body));
-                    }
-                    seen
-                }
-                other => chain::interpret(&self.remote, oid, other).ok_or_else(|| {
-                    self.remote
-                        .unavailable(&format!("the objects of {r} ({oid}) are not in the cache"))
-                })?,
-            };
-            if seen.current == Current::Free {
-                return Ok(());
-            }
-            let Some(key) = key
-                .clone()
-                .or_else(|| recorded_key(&seen.current, &r[prefix.len()..]))
-            else {
-                return Ok(()); // a digest stem whose record does not name it
-            };
-            visit(Listed::new(key, r.clone(), seen.current))
-        };
-        // The memo's, up to `upto`; then each one read, in its place.
-        let mut from_memo = |upto: usize, hand: &mut dyn FnMut(usize, Found) -> Result<()>| {
-            while next < upto {
-                if let Some(body) = memo.get(&named[next].2) {
-                    hand(next, Found::State(body.clone()))?;
-                }
-                next += 1;
-            }
-            Ok::<(), Error>(())
-        };
-        objects::finish(&self.remote, plans, &mut |k, found| {
-            from_memo(unread[k], &mut hand)?;
-            hand(unread[k], found)?;
-            from_memo(unread[k] + 1, &mut hand)
-        })?;
-        from_memo(named.len(), &mut hand)?;
-        if fresh || memo.len() != kept.len() {
-            memo::save_list_memo(&self.remote, &prefix, &kept);
-        }
-        Ok(0)
+        list::visit_locks(&self.remote, visit)
     }
 
+    /// One lock's events or every lock's, all chains walked in one git
+    /// process (see `history.rs`).
     fn history(&self, key: Option<&LockKey>, limit: usize) -> Result<Vec<Event>> {
-        let deadline = Instant::now() + self.remote.config.timeout;
-        let lock_prefix = self.remote.ns_prefix(REF_PREFIX);
-        let arch_prefix = self.remote.ns_prefix(ARCHIVE_PREFIX);
-        let patterns = match key {
-            Some(k) => vec![
-                self.remote.lock_ref(k),
-                format!("{arch_prefix}{}/*", k.ref_stem()),
-            ],
-            None => vec![format!("{lock_prefix}*"), format!("{arch_prefix}*")],
-        };
-        let refs = self.remote.ls_remote(&patterns, "refs/", deadline)?;
-        // Chains by lock name: the archived ones and the live one.
-        let mut chains: std::collections::BTreeMap<String, (Vec<String>, Option<String>)> =
-            std::collections::BTreeMap::new();
-        for (r, oid) in &refs {
-            if let Some(name) = r.strip_prefix(&lock_prefix) {
-                if is_lock_stem(name) {
-                    chains.entry(name.to_owned()).or_default().1 = Some(oid.clone());
-                }
-            } else if let Some((name, slot)) = r
-                .strip_prefix(&arch_prefix)
-                .and_then(|rest| rest.rsplit_once('/'))
-                && is_lock_stem(name)
-                && slot.bytes().all(|b| b.is_ascii_digit())
-            {
-                chains
-                    .entry(name.to_owned())
-                    .or_default()
-                    .0
-                    .push(oid.clone());
-            }
-        }
-        let wanted: Vec<(String, String)> = refs
-            .iter()
-            .filter(|(r, _)| r.starts_with(&lock_prefix) || r.starts_with(&arch_prefix))
-            .map(|(r, o)| (r.clone(), o.clone()))
-            .collect();
-        self.plans_fetched(&wanted, &patterns, deadline)?;
-        // Oldest chain first: by the epoch in each archived tip's state,
-        // read for every lock at once.
-        let archived_all: Vec<String> = chains
-            .values()
-            .flat_map(|(a, _)| a.iter().cloned())
-            .collect();
-        let mut epochs: HashMap<String, u64> = HashMap::new();
-        objects::read_found(&self.remote, &archived_all, &mut |i, found| {
-            let e = match found {
-                objects::Found::State(b) => serde_json::from_slice::<StateFile>(&b)
-                    .ok()
-                    .map_or(0, |s| s.epoch),
-                _ => 0,
-            };
-            epochs.insert(archived_all[i].clone(), e);
-            Ok(())
-        })?;
-        // Each lock's chains, the live one first, then the archived ones
-        // newest first; all walked in one git process.
-        let heads: Vec<Vec<String>> = chains
-            .into_values()
-            .map(|(mut archived, tip)| {
-                archived.sort_by_key(|o| epochs.get(o).copied().unwrap_or(0));
-                tip.into_iter().chain(archived.into_iter().rev()).collect()
-            })
-            .collect();
-        let mut walks: Vec<walk::Walk> = heads
-            .iter()
-            .map(|h| walk::Walk::new(h.clone(), limit))
-            .collect();
-        walk::walk_all(&self.remote, &mut walks)?;
-        let mut all = Vec::new();
-        for (w, heads) in walks.into_iter().zip(&heads) {
-            let mut events = match w.into_events() {
-                Some(events) => events,
-                // A chain with a merge (not made by this tool): `git log`.
-                None => self.events_by_log(heads, limit)?,
-            };
-            all.append(&mut events);
-        }
-        // Locks interleave by time; each lock's own order is kept.
-        all.sort_by_key(|e| e.time);
-        let skip = all.len().saturating_sub(limit);
-        Ok(all.split_off(skip))
+        history::history(&self.remote, key, limit)
     }
 }
 
@@ -474,10 +285,12 @@ enum Step<K, W> {
 }
 
 impl GitStore {
-    /// The state this host last wrote to `r` (or read of it), to decide on
-    /// without a read.
+    /// The state this host last wrote to `r` (or read of it: alone, or
+    /// else in the last `list`), to decide on without a read.
     fn remembered(&self, r: &str) -> Option<RefState> {
-        let (oid, body) = memo::memo(&self.remote, r)?;
+        let prefix = self.remote.ns_prefix(REF_PREFIX);
+        let (oid, body) =
+            memo::memo(&self.remote, r).or_else(|| memo::listed(&self.remote, &prefix, r))?;
         let seen = chain::interpret_state(&self.remote, &oid, &body);
         matches!(seen.current, Current::Free | Current::Held(_)).then_some(seen)
     }
@@ -662,141 +475,4 @@ fn held_state(rec: &OwnerRecord, depth: u64, epoch: u64) -> Result<StateFile> {
         epoch,
         record: Some(value),
     })
-}
-
-impl GitStore {
-    /// What to read of each commit of `refs` (ref, commit as listed), after
-    /// one fetch of those the cache lacks: by name when they are few, else
-    /// by `patterns` (each git process's work grows with the refs, their
-    /// number never does). A ref that moved since it was listed is read
-    /// where the fetch found it: its index is in the second list.
-    fn plans_fetched(
-        &self,
-        refs: &[(String, String)],
-        patterns: &[String],
-        deadline: Instant,
-    ) -> Result<(Vec<Plan>, Vec<usize>)> {
-        let oids: Vec<String> = refs.iter().map(|(_, o)| o.clone()).collect();
-        let mut plans = objects::probe(&self.remote, &oids)?;
-        let missing: Vec<usize> = (0..plans.len()).filter(|i| plans[*i].missing()).collect();
-        if missing.is_empty() {
-            return Ok((plans, Vec::new()));
-        }
-        let names: Vec<String> = if missing.len() <= FETCH_BY_NAME {
-            missing.iter().map(|i| refs[*i].0.clone()).collect()
-        } else {
-            patterns.to_vec()
-        };
-        let mut failed = self.remote.fetch(&names, deadline)?;
-        if failed.is_some() && names != patterns {
-            // One ref gone since it was listed fails a fetch by names whole.
-            failed = self.remote.fetch(patterns, deadline)?;
-        }
-        let mut left = missing;
-        let mut moved_ones = Vec::new();
-        for moved in [false, true] {
-            let names: Vec<String> = left
-                .iter()
-                .map(|i| {
-                    if moved {
-                        self.remote.cache_ref(&refs[*i].0)
-                    } else {
-                        refs[*i].1.clone()
-                    }
-                })
-                .collect();
-            let again = objects::probe(&self.remote, &names)?;
-            let mut still = Vec::new();
-            for (i, p) in left.into_iter().zip(again) {
-                if p.missing() {
-                    still.push(i);
-                } else if moved {
-                    moved_ones.push(i);
-                }
-                plans[i] = p;
-            }
-            left = still;
-            if left.is_empty() {
-                return Ok((plans, moved_ones));
-            }
-        }
-        let (r, oid) = &refs[left[0]];
-        Err(self.remote.unavailable(&format!(
-            "the objects of {r} ({oid}) did not arrive{}",
-            failed
-                .map(|w| format!(": git fetch failed: {w}"))
-                .unwrap_or_default()
-        )))
-    }
-
-    /// The newest `limit` events of one lock's chains (`heads`: the live
-    /// one first, then the archived ones newest first), oldest first, one
-    /// `git log` a chain.
-    fn events_by_log(&self, heads: &[String], limit: usize) -> Result<Vec<Event>> {
-        let mut events = Vec::new();
-        for oid in heads {
-            if events.len() >= limit {
-                break;
-            }
-            let mut older = self.events_of(oid, limit - events.len())?;
-            older.append(&mut events);
-            events = older;
-        }
-        Ok(events)
-    }
-
-    /// The newest `limit` events in the chain ending at `tip`, oldest first.
-    fn events_of(&self, tip: &str, limit: usize) -> Result<Vec<Event>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        // Each commit holds one to three events: read enough commits (git
-        // takes a count up to i32::MAX; a chain is never longer).
-        let n = format!(
-            "--max-count={}",
-            limit.min(usize::try_from(i32::MAX).unwrap_or(usize::MAX))
-        );
-        // Streamed, one commit message at a time; one larger than any
-        // change writes is skipped unread (SPEC §8: read bounded).
-        let mut commits: Vec<Vec<Event>> = Vec::new();
-        let mut cur: Vec<u8> = Vec::new();
-        let mut skip = false;
-        let max = usize::try_from(objects::MAX_OBJECT).unwrap_or(usize::MAX);
-        let mut end_commit = |cur: &mut Vec<u8>, skip: &mut bool| {
-            if !*skip && !cur.is_empty() {
-                commits.push(walk::events_in(cur));
-            }
-            cur.clear();
-            *skip = false;
-        };
-        let out = self.remote.local_streaming(
-            &["log", &n, "--format=%x1e%B", tip],
-            None,
-            &mut |chunk| {
-                for (i, piece) in chunk.split(|b| *b == 0x1e).enumerate() {
-                    if i > 0 {
-                        end_commit(&mut cur, &mut skip);
-                    }
-                    if cur.len() + piece.len() > max {
-                        skip = true;
-                        cur.clear();
-                    } else if !skip {
-                        cur.extend_from_slice(piece);
-                    }
-                }
-                cmd::Flow::More
-            },
-        )?;
-        end_commit(&mut cur, &mut skip);
-        if !out.ok() {
-            return Err(self.remote.cache_error(&format!(
-                "git log of the lock history failed: {}",
-                out.stderr.trim()
-            )));
-        }
-        // Newest commit first; within a commit, events are in order.
-        let mut events: Vec<Event> = commits.into_iter().rev().flatten().collect();
-        let skip = events.len().saturating_sub(limit);
-        Ok(events.split_off(skip))
-    }
 }

@@ -6,6 +6,7 @@
 //! lacks its state file).
 
 use std::fmt::Write as _;
+use std::time::Instant;
 
 use super::cmd::Flow;
 use super::remote::{Remote, is_oid};
@@ -398,6 +399,73 @@ fn batch(
         )));
     }
     Ok(())
+}
+
+/// Missing commits fetched by their refs' names; more are fetched by pattern.
+const FETCH_BY_NAME: usize = 32;
+
+/// What to read of each commit of `refs` (ref, commit as listed), after
+/// one fetch of those the cache lacks: by name when they are few, else
+/// by `patterns` (each git process's work grows with the refs, their
+/// number never does). A ref that moved since it was listed is read
+/// where the fetch found it: its index is in the second list.
+pub(super) fn fetch_plans(
+    remote: &Remote,
+    refs: &[(String, String)],
+    patterns: &[String],
+    deadline: Instant,
+) -> Result<(Vec<Plan>, Vec<usize>)> {
+    let oids: Vec<String> = refs.iter().map(|(_, o)| o.clone()).collect();
+    let mut plans = probe(remote, &oids)?;
+    let missing: Vec<usize> = (0..plans.len()).filter(|i| plans[*i].missing()).collect();
+    if missing.is_empty() {
+        return Ok((plans, Vec::new()));
+    }
+    let names: Vec<String> = if missing.len() <= FETCH_BY_NAME {
+        missing.iter().map(|i| refs[*i].0.clone()).collect()
+    } else {
+        patterns.to_vec()
+    };
+    let mut failed = remote.fetch(&names, deadline)?;
+    if failed.is_some() && names != patterns {
+        // One ref gone since it was listed fails a fetch by names whole.
+        failed = remote.fetch(patterns, deadline)?;
+    }
+    let mut left = missing;
+    let mut moved_ones = Vec::new();
+    for moved in [false, true] {
+        let names: Vec<String> = left
+            .iter()
+            .map(|i| {
+                if moved {
+                    remote.cache_ref(&refs[*i].0)
+                } else {
+                    refs[*i].1.clone()
+                }
+            })
+            .collect();
+        let again = probe(remote, &names)?;
+        let mut still = Vec::new();
+        for (i, p) in left.into_iter().zip(again) {
+            if p.missing() {
+                still.push(i);
+            } else if moved {
+                moved_ones.push(i);
+            }
+            plans[i] = p;
+        }
+        left = still;
+        if left.is_empty() {
+            return Ok((plans, moved_ones));
+        }
+    }
+    let (r, oid) = &refs[left[0]];
+    Err(remote.unavailable(&format!(
+        "the objects of {r} ({oid}) did not arrive{}",
+        failed
+            .map(|w| format!(": git fetch failed: {w}"))
+            .unwrap_or_default()
+    )))
 }
 
 #[cfg(test)]

@@ -7,10 +7,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::cmd::{
-    Feed, Flow, Mode0700, Output, STDOUT_CAP, git_command, jitter, run, run_feeding, run_streaming,
-    transient,
+    Feed, Flow, Output, STDOUT_CAP, git_command, jitter, run, run_feeding, run_streaming, transient,
 };
 use super::config::{ARCHIVE_PREFIX, GitConfig, REF_PREFIX, REMOTE_NAME, is_local_path, redact};
+use super::os::{CacheOs, Os};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 
@@ -149,14 +149,12 @@ impl Remote {
             return Ok(());
         }
         let parent = dir.parent().unwrap_or(Path::new("/"));
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode_0700()
+        Os::private(std::fs::DirBuilder::new().recursive(true))
             .create(parent)
             .map_err(|e| Error::io("create", parent, e))?;
         // Under a shared temporary directory, only a directory of our own will do.
         if parent.starts_with(std::env::temp_dir())
-            && !super::cmd::sys::ours_alone(parent).map_err(|e| Error::io("inspect", parent, e))?
+            && !Os::ours_alone(parent).map_err(|e| Error::io("inspect", parent, e))?
         {
             return Err(self.cache_error(&format!(
                 "{} belongs to someone else or is writable by others; set SKILL_LOCK_GIT_CACHE to a directory of your own",
