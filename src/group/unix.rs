@@ -3,7 +3,7 @@
 use std::process::{Child, Command};
 
 /// The process group a prepared child leads (its pid).
-pub(super) struct Group(libc::pid_t);
+pub(crate) struct Group(libc::pid_t);
 
 impl super::Platform for Group {
     /// Makes the child lead a process group of its own.

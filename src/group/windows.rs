@@ -91,7 +91,7 @@ impl Job {
 }
 
 /// A child and what it starts, in a Job Object of their own.
-pub(super) struct Group(Job);
+pub(crate) struct Group(Job);
 
 impl super::Platform for Group {
     /// Nothing to ready: the child is put into a job once spawned.

@@ -526,7 +526,7 @@ fn a_lock_only_listed_here_is_decided_on_what_list_saw_and_a_wrong_belief_change
     host(4).release(fourth.token()).is("released");
     // Host 3's belief (free at fence 1) is wrong: rejected, read, decided
     // again: the fence after host 4's, and someone was there since fence 1.
-    let third = host(3).acquire_since(Some(1), &[]).is("acquired");
+    let third = host(3).op("acquire").since(Some(1)).reply().is("acquired");
     assert_eq!(third.fence(), Some(3));
     assert_eq!(third.others_since(), Some(true));
     // Host 5 lists it held by host 3, which releases; host 5's belief

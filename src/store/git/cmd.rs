@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::group::Group;
+use crate::group::{Group, Platform as _};
 use crate::record::random_suffix;
 
 /// What one git process did.
