@@ -47,7 +47,7 @@
 //! host never saw, believed absent (leased on the empty value): so an
 //! acquire, renew or release is one git process, the push; a wrong guess is
 //! rejected by the server, and a guess that changes nothing is never trusted
-//! (docs/design.md, "Deciding without a read"). `list` reads every lock in
+//! (docs/safety.md, "Deciding without a read"). `list` reads every lock in
 //! a bounded number of git processes, whatever their number: one
 //! `ls-remote`, the state files the last `list` read from its memo, and the
 //! others in one fetch and one `cat-file` pair. `history` reads every lock's
