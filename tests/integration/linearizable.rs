@@ -25,8 +25,9 @@
 //! a reader racing a release answers held or free. The workers draw an
 //! hour-long ttl too, so such a lie cannot hide in a short lease's window.
 //! Linearizability is local (Herlihy and Wing), so each lock's history is
-//! checked on its own: the workers move to a new lock every few seconds,
-//! which keeps each history small enough for the checker's search.
+//! checked on its own: the workers move to a new lock every few seconds, or
+//! sooner after 150 calls or four changes of unknown outcome on it, which keeps each history
+//! small enough for the checker's search even on a loaded machine.
 //!
 //! The checker is shown to catch a planted bug: the same model and driver
 //! over an in-memory store inside this test that skips the compare-and-swap
@@ -638,6 +639,49 @@ pub struct Run {
     pub faults: usize,
 }
 
+/// The lock the workers use now: the next one every `epoch`, or sooner after
+/// `MAX_CALLS` calls on it or `MAX_UNKNOWN` changes of unknown outcome, so no
+/// lock's history grows past what the checker decides in time (its search
+/// grows exponentially with such calls; a loaded machine makes more of
+/// them). Each lock's history is still checked whole.
+struct Epochs {
+    epoch: Duration,
+    /// The lock's number, when it began, its calls and its unknown changes.
+    now: Mutex<(usize, Instant, usize, usize)>,
+}
+
+/// Unknown changes after which the workers move to the next lock.
+const MAX_UNKNOWN: usize = 4;
+
+/// Calls after which the workers move to the next lock.
+const MAX_CALLS: usize = 150;
+
+impl Epochs {
+    fn new(epoch: Duration) -> Self {
+        Self {
+            epoch,
+            now: Mutex::new((0, Instant::now(), 0, 0)),
+        }
+    }
+
+    fn current(&self) -> usize {
+        let mut now = self.now.lock().unwrap();
+        if now.1.elapsed() >= self.epoch || now.2 >= MAX_CALLS || now.3 >= MAX_UNKNOWN {
+            *now = (now.0 + 1, Instant::now(), 0, 0);
+        }
+        now.0
+    }
+
+    /// Counts a call on `lock`, and whether its outcome is unknown.
+    fn ended(&self, lock: &str, unknown: bool) {
+        let mut now = self.now.lock().unwrap();
+        if lock == format!("lin{}", now.0) {
+            now.2 += 1;
+            now.3 += usize::from(unknown);
+        }
+    }
+}
+
 /// Runs the workers against `target` for `secs`, with `fault` called by
 /// the fault thread every few hundred ms (it gets the clients' slots).
 pub fn drive(
@@ -653,9 +697,10 @@ pub fn drive(
     let start = Instant::now();
     let until = start + Duration::from_secs(secs);
     let calls = Mutex::new(Vec::new());
+    let epochs = Epochs::new(target.epoch);
     std::thread::scope(|s| {
         for (w, slot) in slots.iter().enumerate() {
-            let (calls, stop) = (&calls, &stop);
+            let (calls, stop, epochs) = (&calls, &stop, &epochs);
             s.spawn(move || {
                 let mut rng = seed.rng(w as u64);
                 // The token this worker holds, with its lock; an old one.
@@ -663,8 +708,7 @@ pub fn drive(
                 let mut old: Option<(String, String)> = None;
                 let mut walk_away = false;
                 while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-                    let epoch = start.elapsed().as_millis() / target.epoch.as_millis();
-                    let lock = format!("lin{epoch}");
+                    let lock = format!("lin{}", epochs.current());
                     let ttl = target.ttls[rng.below(target.ttls.len() as u64) as usize];
                     let (op, on) = match &held {
                         Some((l, t)) if *l != lock => (Op::Release { token: t.clone() }, l.clone()),
@@ -727,6 +771,7 @@ pub fn drive(
                         other => other,
                     };
                     let (ret, at) = run_call(target, slot, &op, &on);
+                    epochs.ended(&on, ret.is_none() && is_change(&op));
                     if std::mem::take(&mut walk_away) {
                         old = held.take();
                     }
