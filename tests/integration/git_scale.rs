@@ -2,7 +2,9 @@
 //! whatever a remote serves is read bounded (a lock record that unpacks to
 //! 200 MB costs a few MB, in skill-lock and in every git it starts), and
 //! `list` reads every lock in the same number of git processes for 10 refs
-//! as for 5,000 (counted by a `git` wrapper first on PATH).
+//! as for 5,000, a change of a lock is one push and `history` of every lock
+//! is the same few processes for 3 locks as for 40 (counted by a `git`
+//! wrapper first on PATH).
 //!
 //! Covers: SPEC §8.
 
@@ -261,13 +263,13 @@ fn a_lock_record_that_unpacks_to_200_mb_is_read_bounded() {
 }
 
 /// A `git` first on PATH that counts its invocations (one line each in
-/// `counter`) and runs the real one.
+/// `counter`, its arguments) and runs the real one.
 fn counting_git(env: &TestEnv) -> (PathBuf, String) {
     let real = crate::harness::real_git();
     let bin = env.dir("wrapper");
     let counter = env.path("git-calls");
     let script = format!(
-        "#!/bin/sh\necho \"$1 $2 $3 $4 $5 $6 $7 $8\" >> '{}'\nexec '{}' \"$@\"\n",
+        "#!/bin/sh\necho \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
         counter.display(),
         real.trim()
     );
@@ -390,4 +392,99 @@ fn list_reads_10_and_5000_locks_in_the_same_number_of_git_processes() {
             few.3, many.3
         );
     }
+}
+
+/// The git subcommands in `calls` (the wrapper's log), in order: each
+/// line's first word that is not a global option or its value.
+fn subcommands(calls: &str) -> Vec<String> {
+    calls
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            while let Some(w) = words.next() {
+                match w {
+                    "-c" | "-C" | "--git-dir" => {
+                        words.next();
+                    }
+                    w if w.starts_with('-') => {}
+                    w => return Some(w.to_owned()),
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// Issue 38: a lock costs what a push costs. Each change this host can
+/// decide without a read (a lock never taken, one it wrote last, one it
+/// only listed) is one `git push`, `status` one `ls-remote`, and `history`
+/// of every lock of a store the same processes for 3 locks as for 40.
+#[test]
+fn a_change_is_one_push_a_status_one_read_and_history_is_bounded() {
+    let env = TestEnv::new();
+    let cwd = env.dir("w");
+    let (counter, path) = counting_git(&env);
+    let url = remote_with_locks(&env, "few.git", 3);
+    let on = |host: &str, skill: &str| {
+        Lock::new(&cwd, skill, "o/r")
+            .with_env("PATH", &path)
+            .with_env("SKILL_LOCK_STORE", &url)
+            .with_env("SKILL_LOCK_GIT_CACHE", env.path(host))
+    };
+    let calls = |what: &str, f: &dyn Fn() -> Reply| {
+        let _ = std::fs::remove_file(&counter);
+        let reply = f();
+        let log = std::fs::read_to_string(&counter).unwrap_or_default();
+        println!("{what}: {:?}", subcommands(&log));
+        (reply, subcommands(&log))
+    };
+    let push = vec!["push".to_owned()];
+    // Host 1's cache is made (git init, config) by a first command.
+    assert_eq!(on("cache-1", "other").state(), "free");
+    let one = on("cache-1", "fresh");
+    // Host 1 has read nothing of this lock yet: taking it is one push.
+    let (first, git) = calls("acquire of a lock never taken", &|| one.acquire());
+    let token = first.is("acquired").token().to_owned();
+    assert_eq!(git, push, "acquire of a lock never taken");
+    let (status, git) = calls("status", &|| one.status());
+    assert_eq!(status.state(), "held");
+    assert_eq!(git, vec!["ls-remote".to_owned()], "status");
+    let (renewed, git) = calls("renew", &|| one.renew(&token));
+    renewed.is("renewed");
+    assert_eq!(git, push, "renew of the lock this host wrote last");
+    let (released, git) = calls("release", &|| one.release(&token));
+    released.is("released");
+    assert_eq!(git, push, "release of the lock this host wrote last");
+    // Host 2 lists the store, then takes the free lock on what list saw.
+    let two = on("cache-2", "fresh");
+    two.list().is("list");
+    let (taken, git) = calls("acquire of a lock only listed", &|| two.acquire());
+    assert_eq!(taken.is("acquired").fence(), Some(2));
+    assert_eq!(git, push, "acquire of a lock this host only listed");
+    // History of every lock: as many processes for 3 locks as for 40,
+    // each taken for real (its event is in its commit).
+    let mut counts = Vec::new();
+    for n in [3, 40] {
+        let dir = bare_repo(&env.path(&format!("history-{n}.git")));
+        let store = format!("git:file://{}", dir.display());
+        for i in 0..n {
+            Lock::new(&cwd, &format!("s{i}"), "o/r")
+                .with_env("SKILL_LOCK_STORE", &store)
+                .with_env("SKILL_LOCK_GIT_CACHE", env.path("cache-taker"))
+                .acquire()
+                .is("acquired");
+        }
+        let host = format!("cache-h{n}");
+        let lock = Lock::new(&cwd, "s", "o/r")
+            .with_env("PATH", &path)
+            .with_env("SKILL_LOCK_STORE", &store)
+            .with_env("SKILL_LOCK_GIT_CACHE", env.path(&host));
+        let (h, git) = calls("history of every lock", &|| lock.store_history());
+        let Reply::History { events, .. } = h else {
+            panic!("not a history: {h:?}");
+        };
+        assert_eq!(events.len(), n, "{n} locks: {events:?}");
+        counts.push(git);
+    }
+    assert_eq!(counts[0], counts[1], "history of 3 and of 40 locks");
 }

@@ -19,7 +19,7 @@ use super::remote::{Remote, is_oid};
 const LIST_MEMO_ENTRY: usize = 4096;
 /// ...and all of them at most this much.
 const LIST_MEMO_MAX: usize = 32 << 20;
-const LIST_MEMO_HEADER: &[u8] = b"skill-lock list memo 2\n";
+const LIST_MEMO_HEADER: &[u8] = b"skill-lock list memo 3\n";
 
 /// Reads at most `max` bytes of a regular file (`None`: absent, not a
 /// regular file, or larger).
@@ -163,72 +163,241 @@ pub(super) fn list_memo(remote: &Remote, prefix: &str) -> ListMemo {
 
 /// The commit the last `list` of `prefix` saw at ref `r`, and its state
 /// file: what this host last read of a lock it never wrote nor read alone.
+/// Found by a binary search of the memo's index, reading a few small
+/// pieces of the file: the cost does not grow with the locks it holds.
 pub(super) fn listed(remote: &Remote, prefix: &str, r: &str) -> Option<(String, Vec<u8>)> {
-    let bytes = read_bounded(&list_memo_file(remote, prefix), LIST_MEMO_MAX + (1 << 20))?;
-    let mut found = None;
-    each_listed(&bytes, &mut |oid, name, body| {
-        if name == r {
-            found = Some((oid.to_owned(), body));
+    listed_in(&list_memo_file(remote, prefix), r)
+}
+
+/// [`listed`] in the memo file `file`.
+fn listed_in(file: &Path, r: &str) -> Option<(String, Vec<u8>)> {
+    let meta = std::fs::symlink_metadata(file).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let size = meta.len();
+    let mut f = std::fs::File::open(file).ok()?;
+    let mut head = [0u8; LIST_MEMO_HEADER.len() + 8];
+    read_at(&mut f, 0, &mut head)?;
+    let (magic, count) = head.split_at(LIST_MEMO_HEADER.len());
+    let count = u64::from_le_bytes(count.try_into().ok()?);
+    let index = head.len() as u64;
+    if magic != LIST_MEMO_HEADER || count.checked_mul(8)?.checked_add(index)? > size {
+        return None;
+    }
+    let (mut lo, mut hi) = (0, count);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let mut at = [0u8; 8];
+        read_at(&mut f, index + 8 * mid, &mut at)?;
+        let at = u64::from_le_bytes(at);
+        let mut line = vec![0u8; usize::try_from(size.checked_sub(at)?.min(1024)).ok()?];
+        read_at(&mut f, at, &mut line)?;
+        let nl = line.iter().position(|b| *b == b'\n')?;
+        let (oid, len, name) = entry_head(&line[..nl])?;
+        match name.cmp(r) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => {
+                let mut body = vec![0u8; len + 1];
+                read_at(&mut f, at + nl as u64 + 1, &mut body)?;
+                return (body.pop() == Some(b'\n')).then(|| (oid.to_owned(), body));
+            }
         }
-        found.is_none()
-    });
-    let (oid, body) = found?;
-    Some((oid, bytes.get(body)?.to_vec()))
+    }
+    None
+}
+
+/// Reads exactly `buf.len()` bytes of `f` at `offset`.
+fn read_at(f: &mut std::fs::File, offset: u64, buf: &mut [u8]) -> Option<()> {
+    use std::io::Seek as _;
+    f.seek(std::io::SeekFrom::Start(offset)).ok()?;
+    f.read_exact(buf).ok()
+}
+
+/// An entry's head line, `OID LEN REF`: its parts, when well formed.
+fn entry_head(line: &[u8]) -> Option<(&str, usize, &str)> {
+    let (oid, rest) = std::str::from_utf8(line).ok()?.split_once(' ')?;
+    let (len, name) = rest.split_once(' ')?;
+    let len: usize = len.parse().ok()?;
+    (is_oid(oid) && len <= LIST_MEMO_ENTRY).then_some((oid, len, name))
 }
 
 /// Hands each entry of a list memo (commit, ref, where its state file is)
 /// to `each` until it answers `false`; `false` when the memo is damaged.
-/// Entries: `OID LEN REF\n`, then LEN bytes and a newline.
+/// The memo: its header line, the number of entries (8 bytes, little
+/// endian), where each entry starts (8 bytes each, in the order of their
+/// refs), then the entries: `OID LEN REF\n`, LEN bytes and a newline.
 fn each_listed(bytes: &[u8], each: &mut dyn FnMut(&str, &str, Range<usize>) -> bool) -> bool {
-    if !bytes.starts_with(LIST_MEMO_HEADER) {
+    let Some(rest) = bytes.strip_prefix(LIST_MEMO_HEADER) else {
         return false;
-    }
-    let mut at = LIST_MEMO_HEADER.len();
+    };
+    let Some(count) = rest
+        .get(..8)
+        .and_then(|c| c.try_into().ok())
+        .map(u64::from_le_bytes)
+        .and_then(|c| usize::try_from(c).ok())
+    else {
+        return false;
+    };
+    let Some(mut at) = count
+        .checked_mul(8)
+        .and_then(|n| n.checked_add(LIST_MEMO_HEADER.len() + 8))
+        .filter(|at| *at <= bytes.len())
+    else {
+        return false;
+    };
+    let mut seen = 0;
     while at < bytes.len() {
         let rest = &bytes[at..];
         let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
             return false;
         };
-        let head = std::str::from_utf8(&rest[..nl]).ok();
-        let Some((oid, (len, name))) = head
-            .and_then(|h| h.split_once(' '))
-            .and_then(|(oid, rest)| Some((oid, rest.split_once(' ')?)))
-        else {
+        let Some((oid, len, name)) = entry_head(&rest[..nl]) else {
             return false;
         };
-        let len: usize = len.parse().unwrap_or(usize::MAX);
         let body = rest.get(nl + 1..).unwrap_or_default();
-        if !is_oid(oid) || len > LIST_MEMO_ENTRY || body.len() <= len || body[len] != b'\n' {
+        if body.len() <= len || body[len] != b'\n' {
             return false;
         }
         let start = at + nl + 1;
+        seen += 1;
         if !each(oid, name, start..start + len) {
             return true;
         }
         at = start + len + 1;
     }
-    true
+    seen == count
 }
 
 /// Keeps `entries` (commit, ref, state file) for the next `list` of
 /// `prefix`: those small enough, up to the memo's bound.
 pub(super) fn save_list_memo(remote: &Remote, prefix: &str, entries: &[(&str, &str, &[u8])]) {
-    let mut bytes = LIST_MEMO_HEADER.to_vec();
-    for (oid, r, body) in entries {
+    write_whole(&list_memo_file(remote, prefix), &list_memo_bytes(entries));
+}
+
+/// The memo file holding `entries`, indexed by ref.
+fn list_memo_bytes(entries: &[(&str, &str, &[u8])]) -> Vec<u8> {
+    let mut kept: Vec<&(&str, &str, &[u8])> = Vec::with_capacity(entries.len());
+    let mut total = 0;
+    for e in entries {
+        let (oid, r, body) = e;
         if body.len() > LIST_MEMO_ENTRY || !is_oid(oid) || r.contains(['\n', ' ']) {
             continue;
         }
-        if bytes.len() + body.len() + r.len() + 100 > LIST_MEMO_MAX {
+        total += body.len() + r.len() + 100;
+        if total > LIST_MEMO_MAX {
             break;
         }
+        kept.push(e);
+    }
+    kept.sort_unstable_by(|a, b| a.1.cmp(b.1));
+    kept.dedup_by(|a, b| a.1 == b.1);
+    let mut bytes = LIST_MEMO_HEADER.to_vec();
+    bytes.extend_from_slice(&(kept.len() as u64).to_le_bytes());
+    let index = bytes.len();
+    bytes.resize(index + 8 * kept.len(), 0);
+    for (i, (oid, r, body)) in kept.iter().enumerate() {
+        let at = bytes.len() as u64;
+        bytes[index + 8 * i..index + 8 * i + 8].copy_from_slice(&at.to_le_bytes());
         bytes.extend_from_slice(format!("{oid} {} {r}\n", body.len()).as_bytes());
         bytes.extend_from_slice(body);
         bytes.push(b'\n');
     }
-    write_whole(&list_memo_file(remote, prefix), &bytes);
+    bytes
 }
 
 /// Is this state file small enough for the list memo?
 pub(super) fn memo_worthy(body: &[u8]) -> bool {
     body.len() <= LIST_MEMO_ENTRY
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn oid(i: usize) -> String {
+        format!("{i:040x}")
+    }
+
+    /// Writes a memo of `refs` (state file: `state of REF`), out of order.
+    fn memo_of(refs: &[String]) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("memo");
+        let bodies: Vec<(String, String, String)> = refs
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, r)| (oid(i), r.clone(), format!("state of {r}")))
+            .collect();
+        let entries: Vec<(&str, &str, &[u8])> = bodies
+            .iter()
+            .map(|(o, r, b)| (o.as_str(), r.as_str(), b.as_bytes()))
+            .collect();
+        std::fs::write(&file, list_memo_bytes(&entries)).unwrap();
+        (dir, file)
+    }
+
+    proptest! {
+        /// Every ref kept is found, with its commit and state file; a ref
+        /// not kept (before, between or after them) is not; a full read
+        /// walks all of them.
+        #[test]
+        fn every_ref_kept_is_found_by_the_index_and_no_other(
+            refs in proptest::collection::btree_set("refs/skill-lock/[a-z]{1,6}@o__r", 0..60),
+            other in "refs/skill-lock/[a-z]{1,7}@o__r",
+        ) {
+            let refs: Vec<String> = refs.into_iter().collect();
+            let (_dir, file) = memo_of(&refs);
+            for (i, r) in refs.iter().enumerate() {
+                let (o, body) = listed_in(&file, r).unwrap();
+                prop_assert_eq!(o, oid(i));
+                prop_assert_eq!(body, format!("state of {r}").into_bytes());
+            }
+            if !refs.contains(&other) {
+                prop_assert!(listed_in(&file, &other).is_none());
+            }
+            let bytes = std::fs::read(&file).unwrap();
+            let mut walked = Vec::new();
+            let whole = each_listed(&bytes, &mut |_, name, body| {
+                walked.push((name.to_owned(), bytes[body].to_vec()));
+                true
+            });
+            prop_assert!(whole);
+            prop_assert_eq!(walked.len(), refs.len());
+        }
+    }
+
+    #[test]
+    fn a_damaged_memo_answers_nothing_rather_than_a_wrong_entry() {
+        let refs: Vec<String> = (0..20)
+            .map(|i| format!("refs/skill-lock/s{i:02}@o__r"))
+            .collect();
+        let (_dir, file) = memo_of(&refs);
+        let whole = std::fs::read(&file).unwrap();
+        // Cut short: the full read refuses it; a lookup past the cut finds nothing.
+        std::fs::write(&file, &whole[..whole.len() - 10]).unwrap();
+        assert!(!each_listed(&whole[..whole.len() - 10], &mut |_, _, _| {
+            true
+        }));
+        assert!(listed_in(&file, &refs[19]).is_none());
+        // An index claiming more entries than the file can hold.
+        let mut lying = whole.clone();
+        lying[LIST_MEMO_HEADER.len()..LIST_MEMO_HEADER.len() + 8]
+            .copy_from_slice(&u64::MAX.to_le_bytes());
+        std::fs::write(&file, &lying).unwrap();
+        assert!(listed_in(&file, &refs[3]).is_none());
+        assert!(!each_listed(&lying, &mut |_, _, _| true));
+        // The format before the index is not read as this one.
+        let old = [
+            b"skill-lock list memo 2\n".as_slice(),
+            &whole[LIST_MEMO_HEADER.len()..],
+        ]
+        .concat();
+        std::fs::write(&file, &old).unwrap();
+        assert!(listed_in(&file, &refs[3]).is_none());
+        // Not a regular file: nothing.
+        assert!(listed_in(file.parent().unwrap(), &refs[3]).is_none());
+    }
 }
