@@ -28,7 +28,7 @@ fn read_bounded(file: &Path, max: usize) -> Option<Vec<u8>> {
     if !meta.is_file() {
         return None;
     }
-    let mut bytes = Vec::new();
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(max) + 1);
     std::fs::File::open(file)
         .ok()?
         .take(max as u64 + 1)
