@@ -321,16 +321,18 @@ mod tests {
         format!("{i:040x}")
     }
 
-    /// Writes a memo of `refs` (state file: `state of REF`), out of order.
+    /// Writes a memo of `refs` (state file: `state of REF`), handed over in
+    /// an order unrelated to the refs' (by each ref read backwards), as
+    /// `list` hands them in its own order.
     fn memo_of(refs: &[String]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("memo");
-        let bodies: Vec<(String, String, String)> = refs
+        let mut bodies: Vec<(String, String, String)> = refs
             .iter()
             .enumerate()
-            .rev()
             .map(|(i, r)| (oid(i), r.clone(), format!("state of {r}")))
             .collect();
+        bodies.sort_by_key(|(_, r, _)| r.chars().rev().collect::<String>());
         let entries: Vec<(&str, &str, &[u8])> = bodies
             .iter()
             .map(|(o, r, b)| (o.as_str(), r.as_str(), b.as_bytes()))
