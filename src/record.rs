@@ -634,6 +634,41 @@ pub(crate) mod tests {
         }
     }
 
+    /// A record written before the later fields existed (`machine`,
+    /// `pid_ns`, `pid_ns_start`, `time_ns`, `owner_pgid`, `group_start`) is
+    /// read, with them absent; one missing a field every version wrote is
+    /// corrupt. (The record is read by a struct of its own, not `Holder`'s
+    /// derive: this keeps the two agreeing on what may be missing.)
+    #[test]
+    fn a_record_without_the_later_fields_is_read_and_one_without_a_required_field_is_not() {
+        let mut value = serde_json::to_value(sample(None)).unwrap();
+        let fields = value.as_object_mut().unwrap();
+        for later in [
+            "machine",
+            "pid_ns",
+            "pid_ns_start",
+            "time_ns",
+            "owner_pgid",
+            "group_start",
+        ] {
+            assert!(fields.remove(later).is_some(), "{later}");
+        }
+        let older = serde_json::to_vec(&value).unwrap();
+        let read = OwnerRecord::parse(&older).unwrap();
+        let mut want = sample(None);
+        want.holder.machine = None;
+        want.holder.pid_ns = None;
+        want.holder.pid_ns_start = None;
+        want.holder.time_ns = None;
+        assert_eq!(read, want);
+        for required in ["skill", "expires", "fence", "token_sha256"] {
+            let mut v = value.clone();
+            v.as_object_mut().unwrap().remove(required);
+            let bytes = serde_json::to_vec(&v).unwrap();
+            assert!(OwnerRecord::parse(&bytes).is_err(), "without {required}");
+        }
+    }
+
     #[test]
     fn times_are_rfc3339_utc_seconds() {
         assert_eq!(Timestamp(1_796_205_600).rfc3339(), "2026-12-02T10:00:00Z");
