@@ -21,19 +21,22 @@ const LIST_MEMO_ENTRY: usize = 4096;
 const LIST_MEMO_MAX: usize = 32 << 20;
 const LIST_MEMO_HEADER: &[u8] = b"skill-lock list memo 3\n";
 
-/// Reads at most `max` bytes of a regular file (`None`: absent, not a
-/// regular file, or larger).
-fn read_bounded(file: &Path, max: usize) -> Option<Vec<u8>> {
+/// `file` opened for reading, with its size, when it is a regular file
+/// (never a link or anything else).
+fn open_regular(file: &Path) -> Option<(std::fs::File, u64)> {
     let meta = std::fs::symlink_metadata(file).ok()?;
     if !meta.is_file() {
         return None;
     }
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(max) + 1);
-    std::fs::File::open(file)
-        .ok()?
-        .take(max as u64 + 1)
-        .read_to_end(&mut bytes)
-        .ok()?;
+    Some((std::fs::File::open(file).ok()?, meta.len()))
+}
+
+/// Reads at most `max` bytes of a regular file (`None`: absent, not a
+/// regular file, or larger).
+fn read_bounded(file: &Path, max: usize) -> Option<Vec<u8>> {
+    let (f, size) = open_regular(file)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(max) + 1);
+    f.take(max as u64 + 1).read_to_end(&mut bytes).ok()?;
     (bytes.len() <= max).then_some(bytes)
 }
 
@@ -171,12 +174,7 @@ pub(super) fn listed(remote: &Remote, prefix: &str, r: &str) -> Option<(String, 
 
 /// [`listed`] in the memo file `file`.
 fn listed_in(file: &Path, r: &str) -> Option<(String, Vec<u8>)> {
-    let meta = std::fs::symlink_metadata(file).ok()?;
-    if !meta.is_file() {
-        return None;
-    }
-    let size = meta.len();
-    let mut f = std::fs::File::open(file).ok()?;
+    let (mut f, size) = open_regular(file)?;
     let mut head = [0u8; LIST_MEMO_HEADER.len() + 8];
     read_at(&mut f, 0, &mut head)?;
     let (magic, count) = head.split_at(LIST_MEMO_HEADER.len());
